@@ -1,0 +1,355 @@
+"""One call's loop: caller audio in, turns out, one response task at a time, barge-in.
+
+```
+transport.inbound() -> TurnDetector -> SpeechStarted: barge-in (clear, cancel, await)
+                                    -> TurnSegment: response task
+response task: STT -> LLM stream -> sentences -> TTS -> transport.play()
+```
+
+The history keeps only what the caller heard: every sentence is queued at a known outbound
+position, and when a response ends (finished or interrupted) the transport's played position
+says how far the caller got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from types import EllipsisType
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+import soxr
+from pydantic import BaseModel
+
+from pipeline.llm import ChatMessage
+from pipeline.records import TurnClock, TurnRecord
+from pipeline.sentences import SentenceSettings, SentenceSplitter
+from pipeline.stt import Transcript
+from pipeline.transport import (
+    SAMPLE_RATE,
+    AudioIn,
+    Dtmf,
+    HangUp,
+    PlaybackCleared,
+    Transport,
+)
+from pipeline.turns import SpeechStarted, TurnDetector, TurnSegment, TurnSettings
+
+log = logging.getLogger(__name__)
+
+
+class SpeechRecognizer(Protocol):
+    async def transcribe(self, audio: npt.NDArray[np.int16]) -> Transcript: ...
+
+
+class SpeechSynthesizer(Protocol):
+    @property
+    def sample_rate(self) -> int: ...
+
+    async def synthesize(self, text: str) -> npt.NDArray[np.int16]: ...
+
+
+class ReplyStream(Protocol):
+    requested_tier: str | None
+    effort: str | None
+    first_token_at: float | None
+    requested_at: float
+    service_tier: str | None
+    reasoning_tokens: int | None
+    output_tokens: int | None
+
+    def __aiter__(self) -> AsyncIterator[str]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class LanguageModel(Protocol):
+    def stream(
+        self,
+        history: Sequence[ChatMessage],
+        *,
+        service_tier: str | EllipsisType | None = ...,
+        effort: str | EllipsisType | None = ...,
+        max_output_tokens: int | None = None,
+    ) -> ReplyStream:
+        """`...` means the provider settings' value; None leaves the field out."""
+        ...
+
+
+class ConversationSettings(BaseModel):
+    """How a call behaves, apart from its models."""
+
+    greeting: str | None = None  # spoken when the call starts, if set
+
+
+@dataclass
+class _Spoken:
+    """A sentence queued for playback at outbound positions [start, end)."""
+
+    text: str
+    start: int
+    end: int
+
+
+def heard_text(spoken: Sequence[_Spoken], played: int) -> str:
+    """The part of the spoken sentences the caller heard, given the played position.
+
+    Sentences played in full are kept whole; the sentence playing when the caller cut in keeps
+    the share of its words proportional to the share of its audio that was played.
+    """
+    parts: list[str] = []
+    for sentence in spoken:
+        if played >= sentence.end:
+            parts.append(sentence.text)
+        elif played > sentence.start:
+            words = sentence.text.split()
+            share = (played - sentence.start) / (sentence.end - sentence.start)
+            kept = words[: int(len(words) * share)]
+            if kept:
+                parts.append(" ".join(kept) + " —")
+            break
+        else:
+            break
+    return " ".join(parts)
+
+
+class Conversation:
+    """The per-call loop of DESIGN.md; owns the call's state and at most one response task."""
+
+    def __init__(
+        self,
+        call_id: str,
+        transport: Transport,
+        *,
+        stt: SpeechRecognizer,
+        llm: LanguageModel,
+        tts: SpeechSynthesizer,
+        settings: ConversationSettings | None = None,
+        turn_settings: TurnSettings | None = None,
+        sentence_settings: SentenceSettings | None = None,
+        on_turn: Callable[[TurnRecord], None] | None = None,
+    ) -> None:
+        self.call_id = call_id
+        self.transport = transport
+        self.stt = stt
+        self.llm = llm
+        self.tts = tts
+        self.settings = settings or ConversationSettings()
+        self.sentence_settings = sentence_settings
+        self.detector = TurnDetector(turn_settings)
+        self.history: list[ChatMessage] = []
+        self.records: list[TurnRecord] = []
+        self.barge_ins: list[float] = []  # monotonic speech onsets that interrupted a reply
+        self._on_turn = on_turn
+        self._response: asyncio.Task[None] | None = None
+        # Caller speech whose reply was cut off before any of it played: it is answered together
+        # with the next turn (as audio if it was cut during STT, else as text).
+        self._unheard_audio: npt.NDArray[np.int16] | None = None
+        self._unanswered = ""
+        # One stateful resampler for this call's outbound audio (TTS rate -> 16 kHz).
+        self._resampler = soxr.ResampleStream(tts.sample_rate, SAMPLE_RATE, 1, dtype="int16")
+
+    async def run(self) -> None:
+        """Serve the call until the caller hangs up or the transport ends."""
+        log.info("call %s: conversation started", self.call_id)
+        try:
+            if self.settings.greeting:
+                self._response = asyncio.create_task(self._greet(self.settings.greeting))
+            async for event in self.transport.inbound():
+                if isinstance(event, AudioIn):
+                    for found in self.detector.push(event.pcm, event.at):
+                        if isinstance(found, SpeechStarted):
+                            await self._barge_in(found)
+                        else:
+                            self._start_response(found)
+                elif isinstance(event, Dtmf):
+                    log.info("call %s: DTMF %s", self.call_id, event.digit)
+                    self.transport.send_event({"type": "dtmf", "digit": event.digit})
+                elif isinstance(event, HangUp):
+                    log.info("call %s: hang-up (%s)", self.call_id, event.reason)
+                    break
+        finally:
+            await self._stop_response()
+            log.info("call %s: conversation ended after %d turns", self.call_id, len(self.records))
+
+    # -- barge-in ---------------------------------------------------------------------------
+
+    async def _barge_in(self, started: SpeechStarted) -> None:
+        if self._response is None or self._response.done():
+            return
+        log.info("call %s: barge-in", self.call_id)
+        self.barge_ins.append(started.at)
+        await self.transport.clear()
+        await self._stop_response()
+
+    async def _stop_response(self) -> None:
+        task, self._response = self._response, None
+        if task is None or task.done():
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    def _start_response(self, segment: TurnSegment) -> None:
+        if self._response is not None and not self._response.done():
+            # A turn can only end after speech started, which already cancelled any response.
+            log.warning("call %s: turn ended while a response was running", self.call_id)
+            self._response.cancel()
+        self._response = asyncio.create_task(self._respond(segment))
+
+    # -- one response -----------------------------------------------------------------------
+
+    async def _respond(self, segment: TurnSegment) -> None:
+        clock = TurnClock(segment.speech_ended_at)
+        clock.mark("endpoint", segment.detected_at)
+        audio = segment.audio
+        if self._unheard_audio is not None:
+            audio = np.concatenate([self._unheard_audio, audio])
+        self._unheard_audio = audio
+        transcript = await self.stt.transcribe(audio)
+        clock.mark("stt")
+        self._unheard_audio = None
+        said = " ".join(part for part in (self._unanswered, transcript.text.strip()) if part)
+        if not transcript.text.strip():
+            log.info("call %s: empty transcript, no reply", self.call_id)
+            return
+        self._unanswered = ""
+        turn = len(self.records) + 1
+        self.transport.send_event(
+            {"type": "transcript", "role": "caller", "turn": turn, "text": said}
+        )
+        history = [*self.history, ChatMessage(role="user", content=said)]
+        stream = self.llm.stream(history)
+        spoken: list[_Spoken] = []
+        generated: list[str] = []
+        finished = False
+        watcher: asyncio.Task[None] | None = None
+        try:
+            splitter = SentenceSplitter(self.sentence_settings)
+            async for delta in stream:
+                clock.mark("llm_first_token")
+                generated.append(delta)
+                for sentence in splitter.push(delta):
+                    watcher = await self._speak(sentence, spoken, clock) or watcher
+            for sentence in splitter.flush():
+                watcher = await self._speak(sentence, spoken, clock) or watcher
+            if spoken:
+                await self.transport.wait_played(spoken[-1].end)
+            finished = True
+        except PlaybackCleared:
+            pass
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            await stream.aclose()
+            self._finish_turn(
+                turn, said, spoken, "".join(generated), finished, clock, transcript, stream
+            )
+
+    async def _speak(
+        self, sentence: str, spoken: list[_Spoken], clock: TurnClock
+    ) -> asyncio.Task[None] | None:
+        """Synthesize one sentence and queue it; returns the first-audio watcher if it made one."""
+        clock.mark("first_sentence")
+        audio = await self.tts.synthesize(sentence)
+        clock.mark("tts_first_chunk")
+        pcm = self._resampler.resample_chunk(audio)
+        if pcm.size == 0:
+            return None
+        start = self.transport.queued_samples
+        end = self.transport.play(pcm)
+        spoken.append(_Spoken(sentence, start, end))
+        if len(spoken) == 1:
+            return asyncio.create_task(self._watch_first_audio(start, clock))
+        return None
+
+    async def _watch_first_audio(self, start: int, clock: TurnClock) -> None:
+        with contextlib.suppress(PlaybackCleared):
+            # The first 20 ms frame of the reply has gone out once playback passes its start.
+            clock.mark("first_audio", await self.transport.wait_played(start + 1))
+
+    def _finish_turn(
+        self,
+        turn: int,
+        said: str,
+        spoken: list[_Spoken],
+        generated: str,
+        finished: bool,
+        clock: TurnClock,
+        transcript: Transcript,
+        stream: ReplyStream,
+    ) -> None:
+        heard = heard_text(spoken, self.transport.played_samples)
+        interrupted = not finished
+        if interrupted and not heard:
+            # Nothing reached the caller: answer these words together with what comes next.
+            log.info(
+                "call %s: reply cut off before any audio; carrying the words over", self.call_id
+            )
+            self._unanswered = said
+            return
+        self.history.append(ChatMessage(role="user", content=said))
+        if heard:
+            self.history.append(ChatMessage(role="assistant", content=heard))
+        ttft = None
+        if stream.first_token_at is not None:
+            ttft = round((stream.first_token_at - stream.requested_at) * 1e3, 1)
+        record = TurnRecord(
+            turn=turn,
+            caller_text=said,
+            reply_text=heard,
+            generated_text=generated,
+            interrupted=interrupted,
+            effort=stream.effort,
+            tier=stream.requested_tier,
+            tier_used=stream.service_tier,
+            reason="fixed by settings",
+            timings_ms=clock.ms(),
+            stt_inference_ms=round(transcript.inference_s * 1e3, 1),
+            llm_ttft_ms=ttft,
+            reasoning_tokens=stream.reasoning_tokens,
+            output_tokens=stream.output_tokens,
+            started_at=time.time() - (time.monotonic() - clock.zero),
+        )
+        self.records.append(record)
+        log.info(
+            "call %s turn %d%s: %s",
+            self.call_id,
+            turn,
+            " (interrupted)" if interrupted else "",
+            record.timings_ms,
+        )
+        self.transport.send_event(
+            {
+                "type": "transcript",
+                "role": "bot",
+                "turn": turn,
+                "text": heard,
+                "interrupted": interrupted,
+            }
+        )
+        self.transport.send_event({"type": "turn", "record": record.to_dict()})
+        if self._on_turn is not None:
+            self._on_turn(record)
+
+    async def _greet(self, text: str) -> None:
+        spoken: list[_Spoken] = []
+        watcher = None
+        try:
+            watcher = await self._speak(text, spoken, TurnClock(time.monotonic()))
+            if spoken:
+                await self.transport.wait_played(spoken[-1].end)
+        except PlaybackCleared:
+            pass
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            heard = heard_text(spoken, self.transport.played_samples)
+            if heard:
+                self.history.append(ChatMessage(role="assistant", content=heard))

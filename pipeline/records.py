@@ -1,0 +1,78 @@
+"""Per-turn timing and the record each finished turn leaves behind.
+
+The zero of a turn is the end of the caller's speech. Every stage marks the moment it finished;
+the first mark of a stage wins and a mark before the zero is rejected (logged, not stored).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+
+log = logging.getLogger(__name__)
+
+# Stage names in pipeline order, each a moment measured from the end of the caller's speech.
+STAGES = (
+    "endpoint",  # end-of-turn decided
+    "stt",  # transcript ready
+    "llm_first_token",  # first visible LLM token
+    "first_sentence",  # first speakable sentence complete
+    "tts_first_chunk",  # first sentence synthesized
+    "first_audio",  # first reply audio frame sent to the caller
+)
+
+
+class TurnClock:
+    """Monotonic stage marks relative to the end of caller speech."""
+
+    def __init__(self, speech_ended_at: float) -> None:
+        self.zero = speech_ended_at
+        self._marks: dict[str, float] = {}
+
+    def mark(self, stage: str, at: float | None = None) -> None:
+        """Record that `stage` finished at `at` (now by default); the first mark wins."""
+        if stage in self._marks:
+            return
+        moment = time.monotonic() if at is None else at
+        if moment < self.zero:
+            log.warning(
+                "rejected negative timing for %s: %.1f ms", stage, (moment - self.zero) * 1e3
+            )
+            return
+        self._marks[stage] = moment
+
+    def at(self, stage: str) -> float | None:
+        return self._marks.get(stage)
+
+    def ms(self) -> dict[str, float]:
+        """Each marked stage in milliseconds since the end of caller speech."""
+        return {
+            stage: round((self._marks[stage] - self.zero) * 1e3, 1)
+            for stage in STAGES
+            if stage in self._marks
+        }
+
+
+@dataclass
+class TurnRecord:
+    """One finished turn: what was said, what the caller heard, and when each stage finished."""
+
+    turn: int
+    caller_text: str
+    reply_text: str  # what the caller heard
+    generated_text: str  # what the LLM produced before the turn ended
+    interrupted: bool
+    effort: str | None
+    tier: str | None  # requested service tier
+    tier_used: str | None  # as echoed by the provider
+    reason: str
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    stt_inference_ms: float | None = None
+    llm_ttft_ms: float | None = None  # request sent -> first visible token
+    reasoning_tokens: int | None = None
+    output_tokens: int | None = None
+    started_at: float = 0.0  # wall clock (time.time()) at the end of caller speech
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)

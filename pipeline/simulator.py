@@ -1,0 +1,760 @@
+"""OpenAI-compatible tier simulator: Hotline's embedded default LLM.
+
+No model runs here. Each request is answered with ``You said: <the caller's words>.`` and a
+short scripted sentence, paced like a real provider: the profile chosen by ``service_tier`` sets
+the time to first token and the output speed; the reasoning effort adds hidden reasoning tokens,
+"generated" at that speed before the first visible token. Streams are what the ``openai`` SDK
+parses: Chat Completions chunks ending in ``[DONE]``, and the Responses event sequence.
+
+The app reads its settings on every request, so a test may change them while it runs
+(for instance ``settings.profiles["fast"].fail_status = 503``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import random
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import uvicorn
+from pydantic import BaseModel, Field, model_validator
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+DEFAULT_ANSWERS = [
+    "I can help with that. Could you tell me a little more about what you need?",
+    "Sure, let me look into that for you. It should only take a moment.",
+    "Thanks for letting me know. I have made a note of it, and someone will follow up today.",
+    "That makes sense. Is there anything else you would like me to check while we talk?",
+    "Got it. You will get a text message with the details in a few minutes.",
+    "Happy to help. We are open from nine to five on weekdays, so call back any time.",
+    "Good question. The short answer is yes, and I can walk you through the next step.",
+    "Okay, I have that down. What is the best number to reach you on?",
+]
+REASONING_TEXT = "the caller wants a short friendly answer so keep it brief and spoken"
+STARTUP_NOTICE = (
+    "LLM replies are SIMULATED by Hotline's tier simulator: no language model is running; the "
+    "agent repeats what it heard plus a scripted sentence. To use a real OpenAI-compatible "
+    "provider set HOTLINE_LLM__BASE_URL, HOTLINE_LLM__API_KEY and HOTLINE_LLM__MODEL."
+)
+
+
+class TierProfile(BaseModel):
+    """How one tier of the simulated provider behaves."""
+
+    ttft_ms: float = Field(
+        default=400.0, ge=0, description="Queueing + prefill before the first token."
+    )
+    jitter_ms: float = Field(default=0.0, ge=0, description="Uniform ± jitter added to ttft_ms.")
+    tokens_per_s: float = Field(default=55.0, gt=0, description="Output speed, reasoning included.")
+    prefill_tokens_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Prompt processing speed: adds prompt_tokens / rate to ttft.",
+    )
+    reported_as: str = Field(default="default", description="The service_tier echoed in replies.")
+    fail_status: int | None = Field(
+        default=None, ge=400, le=599, description="Fail with this status."
+    )
+    fail_probability: float = Field(default=1.0, ge=0, le=1, description="Chance a request fails.")
+    fail_times: int | None = Field(default=None, ge=0, description="Fail this many, then recover.")
+
+
+class SimulatorSettings(BaseModel):
+    """The simulated provider: tier profiles, reasoning cost, scripted answers."""
+
+    model: str = "hotline-sim"
+    profiles: dict[str, TierProfile] = Field(
+        default_factory=lambda: {
+            "fast": TierProfile(
+                ttft_ms=200,
+                jitter_ms=40,
+                tokens_per_s=750,
+                prefill_tokens_per_s=8000,
+                reported_as="priority",
+            ),
+            "standard": TierProfile(
+                ttft_ms=550,
+                jitter_ms=150,
+                tokens_per_s=55,
+                prefill_tokens_per_s=4000,
+                reported_as="default",
+            ),
+        }
+    )
+    service_tiers: dict[str, str] = Field(
+        default_factory=lambda: {
+            **dict.fromkeys(["priority", "fast", "ultrafast"], "fast"),
+            **dict.fromkeys(["auto", "default", "flex", "scale"], "standard"),
+        },
+        description="Requested service_tier -> profile name.",
+    )
+    default_profile: str = Field(
+        default="standard", description="Profile when no service_tier is sent."
+    )
+    reasoning_tokens: dict[str, int] = Field(
+        default_factory=lambda: {
+            "none": 0,
+            "minimal": 16,
+            "low": 64,
+            "medium": 256,
+            "high": 1024,
+            "xhigh": 2048,
+            "max": 4096,
+        },
+        description="Hidden reasoning tokens per effort; they count against the token cap.",
+    )
+    default_effort: str = Field(default="none", description="Effort when the request names none.")
+    stream_reasoning_as: Literal["none", "reasoning", "reasoning_content"] = Field(
+        default="none",
+        description="Chat streams only: also stream reasoning text in this delta field, as "
+        "Cerebras (`reasoning`) or DeepSeek/vLLM (`reasoning_content`) do.",
+    )
+    answers: list[str] = Field(default_factory=lambda: list(DEFAULT_ANSWERS), min_length=1)
+    seed: int | None = Field(default=None, description="Seed for jitter and failure draws.")
+
+    @model_validator(mode="after")
+    def _names_resolve(self) -> SimulatorSettings:
+        for name in [*self.service_tiers.values(), self.default_profile]:
+            if name not in self.profiles:
+                raise ValueError(f"unknown tier profile {name!r}")
+        if self.default_effort not in self.reasoning_tokens:
+            raise ValueError(f"unknown default_effort {self.default_effort!r}")
+        return self
+
+
+@dataclass
+class SimulatedRequest:
+    """What the simulator understood of one request (for tests and debugging)."""
+
+    api: Literal["chat", "responses"]
+    model: str
+    messages: list[tuple[str, str]]  # (role, text), instructions first as "system"
+    service_tier: str | None  # as requested; None when the field was absent
+    effort: str | None  # as requested; None when the field was absent
+    max_tokens: int | None
+    stream: bool
+    profile: str
+
+
+@dataclass
+class SimulatorStats:
+    """Counters kept by a simulator app (see `simulator_stats`)."""
+
+    requests: int = 0
+    errors_injected: int = 0
+    streams_started: int = 0
+    streams_completed: int = 0
+    streams_cancelled: int = 0
+    last_request: SimulatedRequest | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_until(
+        self, predicate: Callable[[SimulatorStats], bool], timeout_s: float = 5.0
+    ) -> None:
+        """Wait until ``predicate(stats)`` holds; TimeoutError after ``timeout_s``."""
+        async with asyncio.timeout(timeout_s):
+            while not predicate(self):
+                await self._changed.wait()
+
+
+class _BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+# ---------------------------------------------------------------- the timeline of one reply
+
+
+@dataclass
+class _Plan:
+    """One simulated generation, timed on the event loop's monotonic clock."""
+
+    request: SimulatedRequest
+    instructions: str | None
+    reported_tier: str
+    effort: str
+    reasoning_tokens: int
+    deltas: list[str]
+    finish_reason: Literal["stop", "length"]
+    prompt_tokens: int
+    start: float
+    ttft_s: float
+    token_s: float
+    created: int = field(default_factory=lambda: int(time.time()))
+    ident: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+
+    @property
+    def text(self) -> str:
+        return "".join(self.deltas)
+
+    def first_token_at(self) -> float:
+        return self.start + self.ttft_s
+
+    def visible_at(self, index: int) -> float:
+        """When visible token ``index`` is due: after every reasoning token, at the tier's rate."""
+        return self.first_token_at() + (self.reasoning_tokens + index) * self.token_s
+
+    def end_at(self) -> float:
+        return self.visible_at(max(len(self.deltas) - 1, 0))
+
+
+def _reply_words(messages: list[tuple[str, str]], answers: list[str]) -> list[str]:
+    heard = next((" ".join(t.split()) for role, t in reversed(messages) if role == "user"), "")
+    heard = heard.rstrip(" .!?,;:")
+    digest = hashlib.sha256(heard.encode()).digest()
+    answer = answers[int.from_bytes(digest[:4], "big") % len(answers)]
+    return (f"You said: {heard}. {answer}" if heard else answer).split()
+
+
+# ---------------------------------------------------------------- wire format (OpenAI shapes)
+
+
+def _error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> JSON:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _status_error(status: int, profile: str) -> JSON:
+    if status == 429:
+        return _error_body(
+            f"Rate limit reached on the simulated '{profile}' tier. Please try again later.",
+            "requests",
+            code="rate_limit_exceeded",
+        )
+    if status == 503:
+        return _error_body(
+            f"The simulated '{profile}' tier is overloaded. Please try again later.",
+            "server_error",
+            code="server_overloaded",
+        )
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return _error_body(f"Simulated failure (HTTP {status}) on the '{profile}' tier.", kind)
+
+
+def _sse(data: JSON | str, event: str | None = None) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+def _chat_usage(plan: _Plan) -> JSON:
+    completion = plan.reasoning_tokens + len(plan.deltas)
+    return {
+        "prompt_tokens": plan.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": plan.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": plan.reasoning_tokens,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
+
+
+def _chat_completion(plan: _Plan) -> JSON:
+    message: JSON = {"role": "assistant", "content": plan.text, "refusal": None, "annotations": []}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": plan.finish_reason}
+    return {
+        "id": f"chatcmpl-{plan.ident}",
+        "object": "chat.completion",
+        "created": plan.created,
+        "model": plan.request.model,
+        "choices": [choice],
+        "usage": _chat_usage(plan),
+        "service_tier": plan.reported_tier,
+        "system_fingerprint": "fp_hotline_sim",
+    }
+
+
+def _chat_events(
+    plan: _Plan, include_usage: bool, reasoning_field: str
+) -> list[tuple[float, bytes]]:
+    def chunk(delta: JSON, finish: str | None = None, usage: JSON | None = None) -> bytes:
+        choices = (
+            []
+            if usage
+            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+        )
+        body: JSON = {
+            "id": f"chatcmpl-{plan.ident}",
+            "object": "chat.completion.chunk",
+            "created": plan.created,
+            "model": plan.request.model,
+            "service_tier": plan.reported_tier,
+            "system_fingerprint": "fp_hotline_sim",
+            "choices": choices,
+        }
+        if include_usage:
+            body["usage"] = usage
+        return _sse(body)
+
+    start = plan.first_token_at()
+    events = [(start, chunk({"role": "assistant", "content": "", "refusal": None}))]
+    if reasoning_field != "none":
+        words = itertools.cycle(REASONING_TEXT.split())
+        for i in range(plan.reasoning_tokens):
+            events.append((start + i * plan.token_s, chunk({reasoning_field: " " + next(words)})))
+    events += [(plan.visible_at(i), chunk({"content": d})) for i, d in enumerate(plan.deltas)]
+    end = plan.end_at()
+    events.append((end, chunk({}, plan.finish_reason)))
+    if include_usage:
+        events.append((end, chunk({}, usage=_chat_usage(plan))))
+    events.append((end, _sse("[DONE]")))
+    return events
+
+
+def _text_part(text: str) -> JSON:
+    return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+
+
+def _reasoning_item(plan: _Plan) -> JSON:
+    return {"id": f"rs_{plan.ident}", "type": "reasoning", "summary": []}
+
+
+def _message_item(plan: _Plan, final: bool) -> JSON:
+    status = (
+        "in_progress"
+        if not final
+        else "completed"
+        if plan.finish_reason == "stop"
+        else "incomplete"
+    )
+    parts = [_text_part(plan.text)] if final else []
+    item = {"id": f"msg_{plan.ident}", "type": "message", "role": "assistant"}
+    return {**item, "status": status, "content": parts}
+
+
+def _response_object(plan: _Plan, final: bool) -> JSON:
+    complete = plan.finish_reason == "stop"
+    output: list[JSON] = []
+    usage: JSON | None = None
+    if final:
+        output = [_reasoning_item(plan)] if plan.reasoning_tokens else []
+        if plan.deltas:
+            output.append(_message_item(plan, final=True))
+        out_tokens = plan.reasoning_tokens + len(plan.deltas)
+        usage = {
+            "input_tokens": plan.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": out_tokens,
+            "output_tokens_details": {"reasoning_tokens": plan.reasoning_tokens},
+            "total_tokens": plan.prompt_tokens + out_tokens,
+        }
+    status = "in_progress" if not final else "completed" if complete else "incomplete"
+    return {
+        "id": f"resp_{plan.ident}",
+        "object": "response",
+        "created_at": plan.created,
+        "completed_at": plan.created + round(plan.end_at() - plan.start) if final else None,
+        "status": status,
+        "background": False,
+        "error": None,
+        "incomplete_details": None if complete or not final else {"reason": "max_output_tokens"},
+        "instructions": plan.instructions,
+        "max_output_tokens": plan.request.max_tokens,
+        "max_tool_calls": None,
+        "model": plan.request.model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "reasoning": {"effort": plan.effort, "summary": None},
+        "service_tier": plan.reported_tier,
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": usage,
+        "user": None,
+        "metadata": {},
+    }
+
+
+def _response_events(plan: _Plan) -> list[tuple[float, bytes]]:
+    events: list[tuple[float, bytes]] = []
+    seq = itertools.count()
+
+    def emit(at: float, kind: str, **fields: Any) -> None:
+        events.append((at, _sse({"type": kind, "sequence_number": next(seq), **fields}, kind)))
+
+    started = _response_object(plan, final=False)
+    emit(plan.start, "response.created", response=started)
+    emit(plan.start, "response.in_progress", response=started)
+    index = 0
+    if plan.reasoning_tokens:
+        item = _reasoning_item(plan)
+        emit(plan.first_token_at(), "response.output_item.added", output_index=0, item=item)
+        emit(plan.visible_at(0), "response.output_item.done", output_index=0, item=item)
+        index = 1
+    if plan.deltas:
+        first, end, text = plan.visible_at(0), plan.end_at(), plan.text
+        at = {"output_index": index, "item_id": f"msg_{plan.ident}", "content_index": 0}
+        item = _message_item(plan, final=False)
+        emit(first, "response.output_item.added", output_index=index, item=item)
+        emit(first, "response.content_part.added", part=_text_part(""), **at)
+        for i, delta in enumerate(plan.deltas):
+            emit(plan.visible_at(i), "response.output_text.delta", delta=delta, logprobs=[], **at)
+        emit(end, "response.output_text.done", text=text, logprobs=[], **at)
+        emit(end, "response.content_part.done", part=_text_part(text), **at)
+        item = _message_item(plan, final=True)
+        emit(end, "response.output_item.done", output_index=index, item=item)
+    done = "response.completed" if plan.finish_reason == "stop" else "response.incomplete"
+    emit(plan.end_at(), done, response=_response_object(plan, final=True))
+    return events
+
+
+# ---------------------------------------------------------------- request parsing
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict)]
+        return " ".join(t for t in texts if isinstance(t, str))
+    return ""
+
+
+def _messages(items: Any, param: str) -> list[tuple[str, str]]:
+    if not isinstance(items, list) or not items:
+        raise _BadRequest(f"Invalid '{param}': expected a non-empty array.", param, "invalid_value")
+    out: list[tuple[str, str]] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise _BadRequest(f"Invalid '{param}[{i}]': expected an object.", f"{param}[{i}]")
+        role = item.get("role")
+        if role is None and param == "input":
+            continue  # tool outputs, reasoning items...: no caller text
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise _BadRequest(f"Invalid value for '{param}[{i}].role'.", f"{param}[{i}].role")
+        out.append((str(role), _text_of(item.get("content"))))
+    return out
+
+
+def _field(body: JSON, key: str, kind: type, label: str | None = None) -> Any:
+    """An optional field of the given JSON type (bool is not an int here)."""
+    value = body.get(key)
+    if value is None or (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
+        return value
+    raise _BadRequest(f"Invalid type for '{label or key}': expected {kind.__name__}.", label or key)
+
+
+def _required(body: JSON, key: str) -> Any:
+    if body.get(key) is None:
+        raise _BadRequest(
+            f"Missing required parameter: '{key}'.", key, "missing_required_parameter"
+        )
+    return body[key]
+
+
+async def _json_body(request: Request) -> JSON:
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise _BadRequest(
+            "We could not parse the JSON body of your request. (HINT: This likely means you "
+            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, "
+            "but what was sent was not valid JSON.)"
+        )
+    return body
+
+
+# ---------------------------------------------------------------- the app
+
+
+class _Simulator:
+    """Per-app state: settings (read live), stats, random source, failure counts."""
+
+    def __init__(self, settings: SimulatorSettings) -> None:
+        self.settings = settings
+        self.stats = SimulatorStats()
+        self.rng = random.Random(settings.seed)
+        self.failures: dict[str, int] = {}
+
+    def profile_for(self, service_tier: str | None) -> str:
+        if service_tier is None:
+            return self.settings.default_profile
+        if service_tier not in self.settings.service_tiers:
+            allowed = ", ".join(repr(t) for t in self.settings.service_tiers)
+            raise _BadRequest(
+                f"Invalid value for 'service_tier': {service_tier!r}. Supported values are: "
+                f"{allowed}.",
+                "service_tier",
+                "invalid_value",
+            )
+        return self.settings.service_tiers[service_tier]
+
+    def plan(self, request: SimulatedRequest, instructions: str | None = None) -> _Plan:
+        s = self.settings
+        profile = s.profiles[request.profile]
+        effort = request.effort or s.default_effort
+        if effort not in s.reasoning_tokens:
+            param = "reasoning_effort" if request.api == "chat" else "reasoning.effort"
+            allowed = ", ".join(repr(e) for e in s.reasoning_tokens)
+            raise _BadRequest(
+                f"Invalid value for '{param}': {effort!r}. Supported values are: {allowed}.",
+                param,
+                "invalid_value",
+            )
+        if request.max_tokens is not None and request.max_tokens < 1:
+            param = "max_completion_tokens" if request.api == "chat" else "max_output_tokens"
+            raise _BadRequest(f"Invalid '{param}': integer below minimum value 1.", param)
+        words = _reply_words(request.messages, s.answers)
+        cap = request.max_tokens if request.max_tokens is not None else 1 << 30
+        reasoning = min(s.reasoning_tokens[effort], cap)
+        visible = min(len(words), cap - reasoning)
+        prompt_tokens = sum(len(text.split()) + 4 for _, text in request.messages) + 3
+        ttft_ms = profile.ttft_ms + self.rng.uniform(-profile.jitter_ms, profile.jitter_ms)
+        if profile.prefill_tokens_per_s:
+            ttft_ms += 1000.0 * prompt_tokens / profile.prefill_tokens_per_s
+        self.stats.requests += 1
+        self.stats.last_request = request
+        self.stats.notify()
+        return _Plan(
+            request=request,
+            instructions=instructions,
+            reported_tier=profile.reported_as,
+            effort=effort,
+            reasoning_tokens=reasoning,
+            deltas=[w if i == 0 else " " + w for i, w in enumerate(words[:visible])],
+            finish_reason="stop" if visible == len(words) else "length",
+            prompt_tokens=prompt_tokens,
+            start=asyncio.get_running_loop().time(),
+            ttft_s=max(ttft_ms, 0.0) / 1000.0,
+            token_s=1.0 / profile.tokens_per_s,
+        )
+
+    def injected_failure(self, profile_name: str) -> Response | None:
+        profile = self.settings.profiles[profile_name]
+        used = self.failures.get(profile_name, 0)
+        if profile.fail_status is None or (
+            profile.fail_times is not None and used >= profile.fail_times
+        ):
+            return None
+        if self.rng.random() >= profile.fail_probability:
+            return None
+        self.failures[profile_name] = used + 1
+        self.stats.errors_injected += 1
+        self.stats.notify()
+        body = _status_error(profile.fail_status, profile_name)
+        return JSONResponse(body, profile.fail_status, headers={"x-request-id": "req_simfail"})
+
+    async def reply(self, plan: _Plan, stream: bool, events: list[tuple[float, bytes]]) -> Response:
+        headers = {"x-request-id": f"req_{plan.ident}"}
+        if (failure := self.injected_failure(plan.request.profile)) is not None:
+            return failure
+        if not stream:
+            await _sleep_until(plan.end_at())
+            body = (
+                _chat_completion(plan)
+                if plan.request.api == "chat"
+                else _response_object(plan, final=True)
+            )
+            return JSONResponse(body, headers=headers)
+        return StreamingResponse(
+            self._tracked(_paced(events)),
+            media_type="text/event-stream; charset=utf-8",
+            headers={**headers, "cache-control": "no-cache"},
+        )
+
+    async def _tracked(self, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """Count the stream as completed or cancelled (client gone: Starlette cancels us)."""
+        stats, completed = self.stats, False
+        stats.streams_started += 1
+        stats.notify()
+        try:
+            async for chunk in events:
+                yield chunk
+            completed = True
+        finally:
+            if completed:
+                stats.streams_completed += 1
+            else:
+                stats.streams_cancelled += 1
+                log.debug("simulated stream stopped: the client went away")
+            stats.notify()
+
+
+async def _sleep_until(deadline: float) -> None:
+    delay = deadline - asyncio.get_running_loop().time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def _paced(events: list[tuple[float, bytes]]) -> AsyncIterator[bytes]:
+    """Send each event at its absolute due time, batching those already due."""
+    loop, i = asyncio.get_running_loop(), 0
+    while i < len(events):
+        await _sleep_until(events[i][0])
+        now, batch = loop.time(), bytearray()
+        while i < len(events) and events[i][0] <= now:
+            batch += events[i][1]
+            i += 1
+        yield bytes(batch)
+
+
+async def _chat(request: Request) -> Response:
+    sim: _Simulator = request.app.state.simulator
+    body = await _json_body(request)
+    model = _required(body, "model")
+    messages = _messages(_required(body, "messages"), "messages")
+    cap = _field(body, "max_completion_tokens", int)
+    cap = _field(body, "max_tokens", int) if cap is None else cap
+    tier = _field(body, "service_tier", str)
+    stream = bool(_field(body, "stream", bool))
+    include_usage = bool((_field(body, "stream_options", dict) or {}).get("include_usage"))
+    effort = _field(body, "reasoning_effort", str)
+    profile = sim.profile_for(tier)
+    plan = sim.plan(
+        SimulatedRequest("chat", str(model), messages, tier, effort, cap, stream, profile)
+    )
+    events = _chat_events(plan, include_usage, sim.settings.stream_reasoning_as) if stream else []
+    return await sim.reply(plan, stream, events)
+
+
+async def _responses(request: Request) -> Response:
+    sim: _Simulator = request.app.state.simulator
+    body = await _json_body(request)
+    model = _required(body, "model")
+    given = _required(body, "input")
+    messages = [("user", given)] if isinstance(given, str) else _messages(given, "input")
+    instructions = _field(body, "instructions", str)
+    if instructions:
+        messages.insert(0, ("system", instructions))
+    cap = _field(body, "max_output_tokens", int)
+    tier = _field(body, "service_tier", str)
+    stream = bool(_field(body, "stream", bool))
+    effort = _field(_field(body, "reasoning", dict) or {}, "effort", str, "reasoning.effort")
+    profile = sim.profile_for(tier)
+    req = SimulatedRequest("responses", str(model), messages, tier, effort, cap, stream, profile)
+    plan = sim.plan(req, instructions)
+    return await sim.reply(plan, stream, _response_events(plan) if stream else [])
+
+
+async def _models(request: Request) -> Response:
+    sim: _Simulator = request.app.state.simulator
+    model = {"id": sim.settings.model, "object": "model", "created": 0, "owned_by": "hotline"}
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+async def _bad_request(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, _BadRequest)
+    return JSONResponse(_error_body(exc.message, "invalid_request_error", exc.param, exc.code), 400)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    log.warning(STARTUP_NOTICE)
+    yield
+
+
+def create_simulator_app(settings: SimulatorSettings | None = None) -> Starlette:
+    """The simulator as an ASGI app. Its counters: `simulator_stats(app)`."""
+    routes = [
+        Route("/v1/chat/completions", _chat, methods=["POST"]),
+        Route("/v1/responses", _responses, methods=["POST"]),
+        Route("/v1/models", _models, methods=["GET"]),
+    ]
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        _BadRequest: _bad_request
+    }
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=_lifespan)
+    app.state.simulator = _Simulator(settings or SimulatorSettings())
+    return app
+
+
+def simulator_stats(app: Starlette) -> SimulatorStats:
+    sim: _Simulator = app.state.simulator
+    return sim.stats
+
+
+def simulator_settings(app: Starlette) -> SimulatorSettings:
+    """The live settings of a simulator app (changes apply to the next request)."""
+    sim: _Simulator = app.state.simulator
+    return sim.settings
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside someone else's event loop: leave the process's signal handlers alone."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def running_simulator(
+    settings: SimulatorSettings | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    app: Starlette | None = None,
+) -> AsyncIterator[str]:
+    """Serve the simulator (or the given simulator ``app``) in the current event loop.
+
+    Yields the base URL, e.g. ``http://127.0.0.1:41234/v1``; stops the server on exit.
+    """
+    if app is None:
+        app = create_simulator_app(settings)
+    elif settings is not None:
+        raise ValueError("pass settings or app, not both")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose proto
+    # says TCP; with proto 0, Nagle + delayed ACKs add ~40 ms to every request.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.setblocking(False)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
+    # log_config=None: leave the host's logging configuration (and access log) alone
+    config = uvicorn.Config(app, log_config=None, lifespan="on", timeout_graceful_shutdown=2)
+    server = _EmbeddedServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:  # uvicorn offers no startup event to await
+                if task.done():
+                    task.result()
+                    raise RuntimeError("the simulator stopped during startup")
+                await asyncio.sleep(0.005)
+        log.info("LLM simulator listening on %s", url)
+        yield url
+    finally:
+        server.should_exit = True
+        try:
+            await task
+        finally:
+            sock.close()
+
+
+def serve_simulator(host: str, port: int, settings: SimulatorSettings | None = None) -> None:
+    """Run the simulator until interrupted (``hotline llm-sim --port N``)."""
+    log.warning("LLM simulator at http://%s:%d/v1", host, port)
+    uvicorn.run(create_simulator_app(settings), host=host, port=port, log_level="info")

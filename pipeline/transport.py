@@ -1,0 +1,91 @@
+"""The small interface every transport (WebRTC, Twilio, ...) offers to a call's `Conversation`.
+
+Audio crossing this interface is always 16 kHz mono int16 (`SAMPLE_RATE`), in any chunk size.
+Outbound positions are counted in samples since the start of the call, so that the conversation
+can tell exactly which part of a reply the caller has heard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+SAMPLE_RATE = 16_000
+FRAME_SAMPLES = 320  # 20 ms
+
+PCM = npt.NDArray[np.int16]
+
+
+@dataclass(frozen=True)
+class AudioIn:
+    """Caller audio: 16 kHz mono int16; `at` is `time.monotonic()` when its last sample arrived."""
+
+    pcm: PCM
+    at: float
+
+
+@dataclass(frozen=True)
+class Dtmf:
+    """A key the caller pressed."""
+
+    digit: str
+    at: float
+
+
+@dataclass(frozen=True)
+class HangUp:
+    """The caller (or the network) ended the call."""
+
+    reason: str
+
+
+InboundEvent = AudioIn | Dtmf | HangUp
+
+
+class PlaybackCleared(Exception):
+    """Raised to whoever waits on an outbound position that `clear()` dropped."""
+
+
+class Transport(Protocol):
+    """What a `Conversation` needs from the wire: frames in, paced audio out, flush, close."""
+
+    def inbound(self) -> AsyncIterator[InboundEvent]:
+        """Caller audio and events, in arrival order; ends when the call ends."""
+        ...
+
+    def play(self, pcm: PCM) -> int:
+        """Queue reply audio (never blocks); returns the outbound position after it."""
+        ...
+
+    async def clear(self) -> None:
+        """Drop every queued sample that has not been sent yet (barge-in)."""
+        ...
+
+    @property
+    def played_samples(self) -> int:
+        """Outbound position the caller is known to have heard up to."""
+        ...
+
+    @property
+    def queued_samples(self) -> int:
+        """Outbound position after the last queued sample."""
+        ...
+
+    async def wait_played(self, position: int) -> float:
+        """Wait until playback reaches `position`; returns the monotonic time it did.
+
+        Raises `PlaybackCleared` if `clear()` dropped that position first.
+        """
+        ...
+
+    def send_event(self, event: dict[str, object]) -> None:
+        """Best-effort notification to the caller's UI (transcripts, turn timings)."""
+        ...
+
+    async def close(self) -> None:
+        """Hang up and release everything; idempotent."""
+        ...

@@ -1,0 +1,85 @@
+"""Shared fixtures: a real `hotline serve` process on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from voice.webrtc import restrict_ice_host_addresses
+
+# aioice leaves 127.0.0.1 out of its host candidates; every peer in the tests stays on loopback.
+restrict_ice_host_addresses(["127.0.0.1"])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen[str]
+    log: list[str] = field(default_factory=list)
+
+
+def start_server(extra_env: dict[str, str] | None = None, timeout_s: float = 120) -> Server:
+    """Run `hotline serve` in a subprocess and return once it accepts requests."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "HOTLINE_WEBRTC__ICE_HOST_ADDRESSES": '["127.0.0.1"]',
+        "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "voice", "serve", "--port", str(port), "--log-level", "info"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    server = Server(f"http://127.0.0.1:{port}", process)
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            server.log.append(line.rstrip())
+            if "Application startup complete" in line:
+                ready.set()
+        ready.set()  # the process ended: stop waiting
+
+    threading.Thread(target=pump, daemon=True).start()
+    ready.wait(timeout_s)
+    if process.poll() is not None or not any("startup complete" in line for line in server.log):
+        process.kill()
+        raise RuntimeError("hotline serve did not start:\n" + "\n".join(server.log[-40:]))
+    return server
+
+
+def stop_server(server: Server) -> int:
+    server.process.terminate()
+    try:
+        return server.process.wait(30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        return server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    """One Hotline server (embedded simulator, bundled models) for the call tests."""
+    running = start_server()
+    yield running
+    code = stop_server(running)
+    assert code == 0, "\n".join(running.log[-40:])

@@ -1,0 +1,97 @@
+"""Test speech: espeak-ng utterances, silence and framing, as 16 kHz mono int16 arrays.
+
+Shared by the whole test suite. Generated audio is cached in memory per (text, voice, wpm), so
+asking twice for the same phrase costs nothing; callers get a fresh copy each time and may
+modify it.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import tempfile
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+RATE = 16_000
+
+
+def espeak(text: str, voice: str = "en-us", wpm: int = 160) -> np.ndarray:
+    """Speak `text` with espeak-ng; int16 16 kHz mono, trimmed of nothing (espeak's own edges)."""
+    return _espeak_cached(text, voice, wpm).copy()
+
+
+@functools.cache
+def _espeak_cached(text: str, voice: str, wpm: int) -> np.ndarray:
+    with tempfile.TemporaryDirectory(prefix="hotline-espeak-") as tmp:
+        path = Path(tmp) / "speech.wav"
+        subprocess.run(
+            ["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(path), text],
+            check=True,
+            capture_output=True,
+        )
+        pcm, rate = read_wav(path)
+    return resample(pcm, rate, RATE)
+
+
+def resample(pcm: np.ndarray, rate_in: int, rate_out: int = RATE) -> np.ndarray:
+    """Resample int16 mono audio with soxr (high quality); returns int16."""
+    if rate_in == rate_out:
+        return pcm.astype(np.int16, copy=True)
+    out = np.asarray(soxr.resample(pcm.astype(np.float32) / 32768.0, rate_in, rate_out, "HQ"))
+    return np.clip(np.round(out * 32768.0), -32768, 32767).astype(np.int16)
+
+
+def silence(ms: int) -> np.ndarray:
+    """`ms` milliseconds of digital silence at 16 kHz."""
+    return np.zeros(RATE * ms // 1000, dtype=np.int16)
+
+
+def noise(ms: int, level: float = 0.01, seed: int = 0) -> np.ndarray:
+    """White noise at RMS `level` (fraction of full scale), reproducible by `seed`."""
+    rng = np.random.default_rng(seed)
+    samples = rng.normal(0.0, level * 32768.0, RATE * ms // 1000)
+    return np.clip(np.round(samples), -32768, 32767).astype(np.int16)
+
+
+def concat(*parts: np.ndarray) -> np.ndarray:
+    """Join int16 clips end to end."""
+    if not parts:
+        return np.zeros(0, dtype=np.int16)
+    return np.concatenate([np.asarray(p, dtype=np.int16) for p in parts])
+
+
+def write_wav(path: str | Path, pcm: np.ndarray, rate: int = RATE) -> None:
+    """Write mono int16 PCM to a WAV file."""
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(np.asarray(pcm, dtype="<i2").tobytes())
+
+
+def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
+    """Read a 16-bit WAV file; returns (int16 mono samples, sample rate). Stereo is averaged."""
+    with wave.open(str(path), "rb") as src:
+        if src.getsampwidth() != 2:
+            raise ValueError(f"{path}: expected 16-bit samples, got {8 * src.getsampwidth()}-bit")
+        channels = src.getnchannels()
+        rate = src.getframerate()
+        data = np.frombuffer(src.readframes(src.getnframes()), dtype="<i2")
+    if channels > 1:
+        data = data.reshape(-1, channels).mean(axis=1).round().astype(np.int16)
+    return data.astype(np.int16), rate
+
+
+def frames(pcm: np.ndarray, ms: int = 20) -> Iterator[np.ndarray]:
+    """Split audio into `ms`-long frames; the last one is zero-padded to full length."""
+    size = RATE * ms // 1000
+    for start in range(0, len(pcm), size):
+        frame = pcm[start : start + size]
+        if len(frame) < size:
+            frame = np.concatenate([frame, np.zeros(size - len(frame), dtype=np.int16)])
+        yield frame

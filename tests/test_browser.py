@@ -1,0 +1,63 @@
+"""The softphone page in a real browser: Debian's chromium, headless, driven by Playwright.
+
+Chromium's fake microphone plays a WAV file (in a loop), so the file holds one utterance
+followed by a long silence.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from playwright.async_api import async_playwright
+
+from tests.conftest import Server
+from tests.speech import concat, espeak, silence, write_wav
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+async def test_softphone_page_places_a_call(server: Server, tmp_path: Path) -> None:
+    speech = tmp_path / "caller.wav"
+    write_wav(
+        speech, concat(silence(1500), espeak("I need a taxi to the airport."), silence(30_000))
+    )
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--use-fake-ui-for-media-stream",
+                "--use-fake-device-for-media-stream",
+                f"--use-file-for-fake-audio-capture={speech}",
+                "--allow-loopback-in-peer-connection",
+                "--autoplay-policy=no-user-gesture-required",
+            ],
+        )
+        try:
+            page = await browser.new_page()
+            console: list[str] = []
+            page.on("console", lambda message: console.append(message.text))
+            await page.goto(server.url)
+            await page.click("#call")
+            caller = page.locator("#transcript li.caller .text").first
+            await caller.wait_for(timeout=45_000)
+            bot = page.locator("#transcript li.bot .text").first
+            await bot.wait_for(timeout=45_000)
+            latency = page.locator("#transcript li.bot .latency").first
+            await latency.wait_for(timeout=45_000)
+            caller_text = (await caller.inner_text()).lower()
+            bot_text = (await bot.inner_text()).lower()
+            print(f"\npage shows caller: {caller_text!r}\nbot: {bot_text!r}")
+            print(await latency.inner_text())
+            assert "taxi" in caller_text and "airport" in caller_text
+            assert "taxi" in bot_text
+            await page.click("#hangup")
+            await page.locator("#status", has_text="Hung up").wait_for(timeout=5_000)
+        finally:
+            await browser.close()

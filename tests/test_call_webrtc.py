@@ -1,0 +1,101 @@
+"""Whole calls over WebRTC against a real `hotline serve`: real aiortc peers, real models."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import numpy as np
+
+from pipeline.stt import SpeechToText
+from tests.conftest import Server
+from tests.speech import concat, espeak, silence
+from voice.caller import place_call
+
+FIRST = "Please book a table for two people tonight."
+SECOND = "What will the weather be like in Paris tomorrow?"
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def utterance(text: str) -> np.ndarray:
+    return concat(silence(300), espeak(text, wpm=150), silence(200))
+
+
+def call_detail(server: Server, call_id: str) -> dict[str, object]:
+    response = httpx.get(f"{server.url}/calls/{call_id}", timeout=10)
+    response.raise_for_status()
+    detail: dict[str, object] = response.json()
+    return detail
+
+
+async def test_two_turn_call_hears_the_callers_words(server: Server) -> None:
+    result = await place_call(server.url, [utterance(FIRST), utterance(SECOND)])
+
+    assert len(result.turns) == 2
+    latencies = [turn.voice_to_voice_ms for turn in result.turns]
+    print(f"\nvoice-to-voice at the caller (ms): {latencies}")
+    for record in result.records():
+        print(f"server parts (ms since end of speech): {record['timings_ms']}")
+    assert all(latency is not None for latency in latencies), "a turn got no reply audio"
+
+    heard = SpeechToText.shared().transcribe_blocking(result.reply_audio).text
+    print(f"reply audio transcribed: {heard!r}")
+    assert "table" in words(heard)
+    assert "paris" in words(heard)
+
+    callers = result.transcripts("caller")
+    assert "table" in words(callers[0]) and "paris" in words(callers[1])
+    detail = call_detail(server, result.call_id)
+    records = detail["records"]
+    assert isinstance(records, list) and len(records) >= 1
+    assert not records[0]["interrupted"]
+    assert words(records[0]["reply_text"]) == words(records[0]["generated_text"])
+
+
+async def test_barge_in_stops_the_reply_and_truncates_history(server: Server) -> None:
+    result = await place_call(
+        server.url,
+        [utterance(FIRST), utterance("Stop, actually I want a table for four.")],
+        barge_in_after_ms=900,
+    )
+
+    print(f"\nreply audio stopped {result.barge_in_stop_ms} ms after the caller cut in")
+    assert result.barge_in_stop_ms is not None, "the reply never went silent"
+    assert result.barge_in_stop_ms < 300
+
+    detail = call_detail(server, result.call_id)
+    records = detail["records"]
+    assert isinstance(records, list)
+    first = records[0]
+    assert first["interrupted"]
+    assert first["reply_text"], "the caller heard the start of the reply"
+    assert len(first["reply_text"]) < len(first["generated_text"])
+    history = detail["history"]
+    assert isinstance(history, list)
+    assert history[1] == {"role": "assistant", "content": first["reply_text"]}
+    # The second utterance was answered.
+    assert result.turns[-1].reply_start is not None
+
+
+async def test_bad_offers_get_json_400_and_the_server_keeps_serving(server: Server) -> None:
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        cases = [
+            http.post("/offer", content=b"{not json", headers={"content-type": "application/json"}),
+            http.post("/offer", json={"type": "offer"}),
+            http.post("/offer", json={"sdp": "v=0\r\nthis is not sdp\r\n", "type": "offer"}),
+            http.post("/offer", json={"sdp": "v=0\r\n", "type": "answer"}),
+            http.post("/offer", json=["sdp"]),
+            http.post("/offer", content=b"x" * 100_000),
+        ]
+        statuses = []
+        for request in cases:
+            response = await request
+            statuses.append(response.status_code)
+            assert "error" in response.json()
+        assert statuses == [400, 400, 400, 400, 400, 413]
+        assert (await http.get("/calls/no-such-call")).status_code == 404
+    result = await place_call(server.url, [utterance(SECOND)])
+    assert result.turns[0].reply_start is not None

@@ -1,0 +1,298 @@
+"""The per-call loop on scripted timelines.
+
+The caller's audio is real speech through the real turn detector; STT, LLM and TTS are fakes
+that keep the real ones' timing shape (a transcription delay, a time to first token and a
+token rate, synthesis that returns audio proportional to the words); the line plays queued
+audio in real time, as a phone line does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from types import EllipsisType
+
+import numpy as np
+
+from pipeline.conversation import Conversation, heard_text
+from pipeline.llm import ChatMessage
+from pipeline.stt import Transcript
+from pipeline.transport import (
+    PCM,
+    SAMPLE_RATE,
+    AudioIn,
+    HangUp,
+    InboundEvent,
+    PlaybackCleared,
+)
+from tests.speech import concat, espeak, frames, silence
+
+
+class ScriptedSTT:
+    def __init__(self, texts: Sequence[str], delay_s: float = 0.05) -> None:
+        self.texts = list(texts)
+        self.delay_s = delay_s
+        self.heard_seconds: list[float] = []
+
+    async def transcribe(self, audio: PCM) -> Transcript:
+        await asyncio.sleep(self.delay_s)
+        self.heard_seconds.append(len(audio) / SAMPLE_RATE)
+        return Transcript(self.texts.pop(0), len(audio) / SAMPLE_RATE, self.delay_s)
+
+
+class ScriptedReply:
+    """A streamed reply: first token after `ttft_s`, then `tokens_per_s` word tokens."""
+
+    def __init__(self, text: str, ttft_s: float, tokens_per_s: float) -> None:
+        self.text = text
+        self.ttft_s = ttft_s
+        self.tokens_per_s = tokens_per_s
+        self.requested_at = time.monotonic()
+        self.first_token_at: float | None = None
+        self.requested_tier: str | None = "priority"
+        self.effort: str | None = "low"
+        self.service_tier: str | None = "priority"
+        self.reasoning_tokens: int | None = 0
+        self.output_tokens: int | None = None
+        self.closed = False
+
+    async def _tokens(self) -> AsyncIterator[str]:
+        tokens = [" " + word for word in self.text.split()]
+        start = self.requested_at + self.ttft_s
+        for index, token in enumerate(tokens):
+            await asyncio.sleep(max(0.0, start + index / self.tokens_per_s - time.monotonic()))
+            if self.first_token_at is None:
+                self.first_token_at = time.monotonic()
+            yield token
+        self.output_tokens = len(tokens)
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._tokens()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class ScriptedLLM:
+    def __init__(
+        self, replies: Sequence[str], ttft_s: Sequence[float] = (), tokens_per_s: float = 200
+    ) -> None:
+        self.replies = list(replies)
+        self.ttft_s = list(ttft_s)
+        self.tokens_per_s = tokens_per_s
+        self.requests: list[list[ChatMessage]] = []
+        self.streams: list[ScriptedReply] = []
+
+    def stream(
+        self,
+        history: Sequence[ChatMessage],
+        *,
+        service_tier: str | EllipsisType | None = ...,
+        effort: str | EllipsisType | None = ...,
+        max_output_tokens: int | None = None,
+    ) -> ScriptedReply:
+        self.requests.append(list(history))
+        ttft = self.ttft_s.pop(0) if self.ttft_s else 0.1
+        reply = ScriptedReply(self.replies.pop(0), ttft, self.tokens_per_s)
+        self.streams.append(reply)
+        return reply
+
+
+class ToneTTS:
+    """250 ms of tone per word at 22 050 Hz, ready after 20 ms."""
+
+    sample_rate = 22_050
+
+    async def synthesize(self, text: str) -> PCM:
+        await asyncio.sleep(0.02)
+        n = int(0.25 * self.sample_rate) * len(text.split())
+        t = np.arange(n) / self.sample_rate
+        return (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)
+
+
+class PhoneLine:
+    """A transport that plays queued audio in real time and feeds a scripted caller."""
+
+    def __init__(self) -> None:
+        self.script: Callable[[PhoneLine], AsyncIterator[InboundEvent]] | None = None
+        self.events: list[dict[str, object]] = []
+        self.clears = 0
+        self._queued = 0
+        self._start_pos = 0
+        self._start_time = time.monotonic()
+        self._cleared = asyncio.Event()
+
+    def inbound(self) -> AsyncIterator[InboundEvent]:
+        assert self.script is not None
+        return self.script(self)
+
+    @property
+    def played_samples(self) -> int:
+        elapsed = int((time.monotonic() - self._start_time) * SAMPLE_RATE)
+        return min(self._queued, self._start_pos + elapsed)
+
+    @property
+    def queued_samples(self) -> int:
+        return self._queued
+
+    def play(self, pcm: PCM) -> int:
+        if self.played_samples >= self._queued:  # idle line: playback starts now
+            self._start_pos, self._start_time = self._queued, time.monotonic()
+        self._queued += len(pcm)
+        return self._queued
+
+    async def clear(self) -> None:
+        self.clears += 1
+        position = self.played_samples
+        self._queued = self._start_pos = position
+        self._start_time = time.monotonic()
+        self._cleared.set()
+        self._cleared = asyncio.Event()
+
+    async def wait_played(self, position: int) -> float:
+        if position > self._queued:
+            raise PlaybackCleared
+        due = self._start_time + (position - self._start_pos) / SAMPLE_RATE
+        cleared = self._cleared
+        try:
+            await asyncio.wait_for(cleared.wait(), max(0.0, due - time.monotonic()))
+        except TimeoutError:
+            return due
+        raise PlaybackCleared
+
+    def send_event(self, event: dict[str, object]) -> None:
+        self.events.append(event)
+
+    async def close(self) -> None:
+        pass
+
+    async def reached(self, position: int) -> None:
+        """Wait until the caller has heard `position` samples of reply."""
+        while self.played_samples < position:
+            await self.wait_played(position)
+
+
+async def speak(pcm: PCM) -> AsyncIterator[InboundEvent]:
+    """The caller's microphone: 20 ms frames, in real time."""
+    start = time.monotonic()
+    for index, frame in enumerate(frames(pcm)):
+        due = start + (index + 1) * 0.02
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        yield AudioIn(frame, due)
+
+
+def utterance(text: str) -> PCM:
+    return concat(silence(200), espeak(text), silence(700))
+
+
+async def test_a_turn_is_answered_and_timed_in_order() -> None:
+    line = PhoneLine()
+    llm = ScriptedLLM(["Sure. A table for two at seven."])
+    conversation = Conversation(
+        "c1", line, stt=ScriptedSTT(["table for two"]), llm=llm, tts=ToneTTS()
+    )
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        async for event in speak(utterance("A table for two at seven please")):
+            yield event
+        await line.reached(line.queued_samples)  # hear the whole reply
+        async for event in speak(silence(300)):
+            yield event
+        yield HangUp("caller hung up")
+
+    line.script = caller
+    await conversation.run()
+
+    [record] = conversation.records
+    assert record.caller_text == "table for two"
+    assert record.reply_text == "Sure. A table for two at seven."
+    assert not record.interrupted
+    stages = list(record.timings_ms)
+    assert stages == [
+        "endpoint",
+        "stt",
+        "llm_first_token",
+        "first_sentence",
+        "tts_first_chunk",
+        "first_audio",
+    ]
+    values = list(record.timings_ms.values())
+    assert values == sorted(values), record.timings_ms
+    print(f"\ntimeline (ms since end of speech): {record.timings_ms}")
+    assert [m.content for m in conversation.history] == ["table for two", record.reply_text]
+    assert llm.requests[0][-1].content == "table for two"
+    assert [e["role"] for e in line.events if e["type"] == "transcript"] == ["caller", "bot"]
+
+
+async def test_barge_in_clears_the_line_closes_the_stream_and_keeps_what_was_heard() -> None:
+    line = PhoneLine()
+    reply = "One two three four five six seven eight. Nine ten eleven twelve thirteen fourteen."
+    llm = ScriptedLLM([reply, "Okay."])
+    stt = ScriptedSTT(["first question", "stop"])
+    conversation = Conversation("c2", line, stt=stt, llm=llm, tts=ToneTTS())
+    cut_in_at: list[int] = []
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        async for event in speak(utterance("Tell me a long story")):
+            yield event
+        # Cut in after about three words (250 ms each) of the reply.
+        await line.reached(int(0.75 * SAMPLE_RATE))
+        cut_in_at.append(line.played_samples)
+        async for event in speak(utterance("Stop")):
+            yield event
+        await line.reached(line.queued_samples)
+        yield HangUp("done")
+
+    line.script = caller
+    await conversation.run()
+
+    first, second = conversation.records
+    assert first.interrupted and line.clears == 1
+    assert llm.streams[0].closed
+    heard = first.reply_text.rstrip(" —").split()
+    print(f"\nheard before barge-in: {first.reply_text!r}")
+    # Words heard: at least the three played before the caller spoke, never the whole reply.
+    assert 3 <= len(heard) < len(reply.split())
+    assert heard == reply.split()[: len(heard)]
+    assert conversation.history[1].content == first.reply_text
+    assert second.caller_text == "stop" and second.reply_text == "Okay."
+    assert len(conversation.barge_ins) == 1
+
+
+async def test_words_cut_off_before_any_audio_are_answered_with_the_next_turn() -> None:
+    line = PhoneLine()
+    llm = ScriptedLLM(["never heard", "Booked for Friday."], ttft_s=[5.0, 0.1])
+    stt = ScriptedSTT(["book me in", "for friday"])
+    answered = asyncio.Event()
+    conversation = Conversation(
+        "c3", line, stt=stt, llm=llm, tts=ToneTTS(), on_turn=lambda record: answered.set()
+    )
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        async for event in speak(utterance("Book me in")):
+            yield event
+        # The caller goes on talking while the LLM is still thinking about the first part.
+        async for event in speak(utterance("for Friday")):
+            yield event
+        await answered.wait()
+        yield HangUp("done")
+
+    line.script = caller
+    await conversation.run()
+
+    assert llm.streams[0].closed and llm.streams[0].first_token_at is None
+    [record] = conversation.records
+    assert record.caller_text == "book me in for friday"
+    assert record.reply_text == "Booked for Friday."
+    assert [m.content for m in conversation.history] == [record.caller_text, record.reply_text]
+
+
+def test_heard_text_cuts_the_sentence_playing_at_the_played_share() -> None:
+    from pipeline.conversation import _Spoken
+
+    spoken = [_Spoken("One two three.", 0, 300), _Spoken("Four five six seven.", 300, 700)]
+    assert heard_text(spoken, 0) == ""
+    assert heard_text(spoken, 300) == "One two three."
+    assert heard_text(spoken, 500) == "One two three. Four five —"
+    assert heard_text(spoken, 700) == "One two three. Four five six seven."

@@ -1,0 +1,133 @@
+"""Speech-to-text with the bundled Whisper models, on espeak-ng speech."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.stt import SpeechToText, STTSettings, resolve_model_dir
+from tests.speech import RATE, concat, espeak, silence
+
+BOOKING = "I would like to book a table, for two people, at seven"
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9']+", text.lower()))
+
+
+def utterance(text: str, voice: str = "en-us") -> np.ndarray:
+    return concat(silence(200), espeak(text, voice), silence(300))
+
+
+@pytest.fixture(scope="module")
+def tiny() -> SpeechToText:
+    stt = SpeechToText.shared()
+    stt.warm_up()
+    return stt
+
+
+def test_tiny_en_transcribes_the_key_words(tiny: SpeechToText) -> None:
+    audio = utterance(BOOKING)
+
+    transcript = tiny.transcribe_blocking(audio)
+
+    print(f"tiny.en: {transcript.inference_s * 1000:.0f} ms for {transcript.audio_s:.2f} s")
+    assert {"book", "table", "people"} <= words(transcript.text)
+    assert transcript.audio_s == pytest.approx(len(audio) / RATE)
+    assert transcript.inference_s > 0
+
+
+async def test_transcribe_runs_off_the_event_loop(tiny: SpeechToText) -> None:
+    ticks = 0
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticking = asyncio.create_task(ticker())
+    transcript = await tiny.transcribe(utterance("Please cancel my order", "en-gb"))
+    done.set()
+    await ticking
+
+    print(f"event loop ticked {ticks} times during {transcript.inference_s * 1000:.0f} ms")
+    assert {"cancel", "order"} <= words(transcript.text)
+    assert ticks > 20  # a blocking call would have let it tick at most once
+
+
+async def test_concurrent_turns_all_get_their_own_text(tiny: SpeechToText) -> None:
+    texts = ["Yes please", "My name is Alice", "What time do you open tomorrow"]
+
+    results = await asyncio.gather(*(tiny.transcribe(utterance(t)) for t in texts))
+
+    for transcript in results:
+        print(
+            f"{transcript.text!r}: queued {transcript.queued_s * 1000:.0f} ms, "
+            f"inference {transcript.inference_s * 1000:.0f} ms"
+        )
+    assert "please" in words(results[0].text)
+    assert "alice" in words(results[1].text)
+    assert {"time", "open", "tomorrow"} <= words(results[2].text)
+
+
+def test_shared_returns_one_model_per_settings(tiny: SpeechToText) -> None:
+    assert SpeechToText.shared() is tiny
+    assert SpeechToText.shared(STTSettings()) is tiny
+    assert SpeechToText.shared(STTSettings(model="tiny.en")) is tiny
+    other = SpeechToText.shared(STTSettings(workers=1))
+    assert other is not tiny
+    assert SpeechToText.shared(STTSettings(workers=1)) is other
+
+
+def test_empty_audio_is_an_empty_transcript(tiny: SpeechToText) -> None:
+    transcript = tiny.transcribe_blocking(np.zeros(0, dtype=np.int16))
+
+    assert (transcript.text, transcript.audio_s) == ("", 0.0)
+
+
+def test_model_names_resolve_to_local_directories(tiny: SpeechToText) -> None:
+    tiny_dir = resolve_model_dir("tiny.en")
+    assert (tiny_dir / "model.bin").is_file()
+    assert resolve_model_dir(str(tiny_dir)) == tiny_dir
+    with pytest.raises(ValueError, match="never downloaded"):
+        resolve_model_dir("large-v3")
+
+
+def test_base_is_joined_once_and_transcribes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOTLINE_CACHE_DIR", str(tmp_path))
+
+    built = resolve_model_dir("base")
+
+    assert built == tmp_path / "whisper-base"
+    names = sorted(p.name for p in built.iterdir())
+    assert names == ["config.json", "model.bin", "tokenizer.json", "vocabulary.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["whisper-base"]  # no temp dirs left
+    model_bin = (built / "model.bin").stat()
+    assert model_bin.st_size > 140_000_000
+
+    # Second use: the verified cache is reused as it is, not rewritten.
+    assert resolve_model_dir("base") == built
+    assert (built / "model.bin").stat().st_mtime_ns == model_bin.st_mtime_ns
+    assert (built / "model.bin").stat().st_ino == model_bin.st_ino
+
+    # A half-written cache (wrong size) is never used: it is rebuilt.
+    with open(built / "model.bin", "r+b") as half:
+        half.truncate(1000)
+    assert resolve_model_dir("base") == built
+    assert (built / "model.bin").stat().st_size == model_bin.st_size
+
+    base = SpeechToText(STTSettings(model="base", workers=1, cpu_threads=2))
+    try:
+        transcript = base.transcribe_blocking(utterance(BOOKING))
+    finally:
+        base.close()
+    print(f"base: load {base.load_s:.2f} s, {transcript.inference_s * 1000:.0f} ms (cold)")
+    assert {"book", "table", "people"} <= words(transcript.text)

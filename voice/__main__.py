@@ -1,0 +1,3 @@
+from voice.cli import app
+
+app()

@@ -1,0 +1,266 @@
+"""A scripted WebRTC caller (aiortc): speaks utterances, records the reply, measures latency.
+
+Used by `hotline call`, the tests and the benchmark. Every time is taken at the caller:
+voice-to-voice latency runs from the moment the last sample of an utterance was sent to the
+first audible reply frame received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import av
+import httpx
+import numpy as np
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
+from voice.audio import rms
+
+log = logging.getLogger(__name__)
+
+AUDIBLE_RMS = 300.0  # int16 RMS above which a received 20 ms frame counts as reply audio
+_TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
+
+
+class CallerMicrophone(MediaStreamTrack):
+    """The caller's voice: queued utterances, then silence, paced by the absolute clock."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._script: list[tuple[PCM, asyncio.Future[tuple[float, float]]]] = []
+        self._offset = 0
+        self._onset: float | None = None
+        self._start: float | None = None
+        self._pts = 0
+
+    def say(self, pcm: PCM) -> asyncio.Future[tuple[float, float]]:
+        """Queue an utterance; the future gives (first sample sent, last sample sent) times."""
+        future: asyncio.Future[tuple[float, float]] = asyncio.get_running_loop().create_future()
+        self._script.append((pcm, future))
+        return future
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += FRAME_SAMPLES
+            delay = self._start + self._pts / SAMPLE_RATE - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        if self._script:
+            pcm, future = self._script[0]
+            if self._onset is None:
+                self._onset = time.monotonic()
+            piece = pcm[self._offset : self._offset + FRAME_SAMPLES]
+            samples[: piece.size] = piece
+            self._offset += FRAME_SAMPLES
+            if self._offset >= pcm.size:
+                if not future.done():
+                    future.set_result((self._onset, time.monotonic()))
+                self._script.pop(0)
+                self._offset = 0
+                self._onset = None
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = SAMPLE_RATE
+        frame.pts = self._pts
+        frame.time_base = _TIME_BASE
+        return frame
+
+
+@dataclass
+class CallerTurn:
+    """One utterance and the reply it got, timed at the caller."""
+
+    onset: float  # monotonic: first sample of the utterance sent
+    speech_end: float  # monotonic: last sample sent
+    reply_start: float | None = None  # first audible reply frame received after speech_end
+    reply_stop: float | None = None  # reply audio went silent (for an interrupted reply)
+
+    @property
+    def voice_to_voice_ms(self) -> float | None:
+        if self.reply_start is None:
+            return None
+        return round((self.reply_start - self.speech_end) * 1e3, 1)
+
+
+@dataclass
+class CallResult:
+    call_id: str
+    turns: list[CallerTurn]
+    reply_audio: PCM  # everything received, 16 kHz mono
+    events: list[dict[str, object]] = field(default_factory=list)
+    barge_in_stop_ms: float | None = None  # caller onset -> reply audio stopped
+
+    def transcripts(self, role: str) -> list[str]:
+        return [
+            str(e["text"])
+            for e in self.events
+            if e.get("type") == "transcript" and e.get("role") == role
+        ]
+
+    def records(self) -> list[dict[str, object]]:
+        return [e["record"] for e in self.events if e.get("type") == "turn"]  # type: ignore[misc]
+
+
+FrameTest = Callable[[list[tuple[float, bool]]], float | None]
+
+
+class _Ear:
+    """Receives the reply track: keeps the audio and when each frame was audible."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[float, bool]] = []  # (received at, audible)
+        self.chunks: list[PCM] = []
+        self.changed = asyncio.Event()
+
+    async def listen(self, track: MediaStreamTrack) -> None:
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+        try:
+            while True:
+                frame = await track.recv()
+                assert isinstance(frame, av.AudioFrame)
+                now = time.monotonic()
+                for out in resampler.resample(frame):
+                    pcm = out.to_ndarray().reshape(-1).astype(np.int16, copy=False)
+                    self.chunks.append(pcm)
+                    self.frames.append((now, rms(pcm) > AUDIBLE_RMS))
+                self.changed.set()
+        except MediaStreamError:
+            pass
+
+    async def wait_for(self, predicate: FrameTest, within_s: float) -> float | None:
+        """Wait until `predicate(frames)` returns a time; None after `within_s` seconds."""
+        deadline = time.monotonic() + within_s
+        while True:
+            found = predicate(self.frames)
+            if found is not None:
+                return found
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), remaining)
+            except TimeoutError:
+                return None
+
+
+def first_audible_after(t: float) -> FrameTest:
+    def find(frames: list[tuple[float, bool]]) -> float | None:
+        for at, audible in frames:
+            if at > t and audible:
+                return at
+        return None
+
+    return find
+
+
+def silent_for_after(t: float, quiet_s: float) -> FrameTest:
+    """The start of the first silent stretch of `quiet_s` seconds that begins after `t`."""
+
+    def find(frames: list[tuple[float, bool]]) -> float | None:
+        start: float | None = None
+        for at, audible in frames:
+            if at <= t:
+                continue
+            if audible:
+                start = None
+            elif start is None:
+                start = at
+            elif at - start >= quiet_s:
+                return start
+        return None
+
+    return find
+
+
+async def place_call(
+    url: str,
+    utterances: Sequence[PCM],
+    *,
+    barge_in_after_ms: float | None = None,
+    reply_timeout_s: float = 30.0,
+    quiet_s: float = 0.8,
+) -> CallResult:
+    """Call the Hotline server at `url` and speak `utterances`, one turn each.
+
+    Each utterance is spoken after the previous reply has finished (`quiet_s` of silence).
+    With `barge_in_after_ms`, the last utterance is spoken that long after the previous reply
+    started instead, interrupting it.
+    """
+    pc = RTCPeerConnection()
+    mic = CallerMicrophone()
+    ear = _Ear()
+    events: list[dict[str, object]] = []
+    listeners: list[asyncio.Task[None]] = []
+    pc.addTrack(mic)
+    channel = pc.createDataChannel("events")
+
+    @channel.on("message")
+    def on_message(message: str | bytes) -> None:
+        if isinstance(message, str):
+            events.append(json.loads(message))
+
+    @pc.on("track")
+    def on_track(track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            listeners.append(asyncio.create_task(ear.listen(track)))
+
+    turns: list[CallerTurn] = []
+    call_id = ""
+    try:
+        await pc.setLocalDescription(await pc.createOffer())
+        async with httpx.AsyncClient(timeout=30) as http:
+            response = await http.post(
+                f"{url.rstrip('/')}/offer",
+                json={"sdp": pc.localDescription.sdp, "type": pc.localDescription.type},
+            )
+            response.raise_for_status()
+            answer = response.json()
+        call_id = answer["call_id"]
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
+        for index, pcm in enumerate(utterances):
+            interrupting = (
+                barge_in_after_ms is not None and index == len(utterances) - 1 and bool(turns)
+            )
+            if interrupting and barge_in_after_ms is not None:
+                previous = turns[-1]
+                if previous.reply_start is not None:
+                    delay = previous.reply_start + barge_in_after_ms / 1e3 - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)  # the script's own timing, not a synchronisation
+            onset, speech_end = await mic.say(pcm)
+            turn = CallerTurn(onset=onset, speech_end=speech_end)
+            turns.append(turn)
+            if interrupting:
+                previous = turns[-2]
+                previous.reply_stop = await ear.wait_for(silent_for_after(onset, 0.25), 5.0)
+            turn.reply_start = await ear.wait_for(first_audible_after(speech_end), reply_timeout_s)
+            if turn.reply_start is None:
+                log.warning("no reply heard within %.0f s", reply_timeout_s)
+                break
+            next_interrupts = barge_in_after_ms is not None and index == len(utterances) - 2
+            if not next_interrupts:
+                await ear.wait_for(silent_for_after(turn.reply_start, quiet_s), reply_timeout_s)
+    finally:
+        await pc.close()
+        for task in listeners:
+            task.cancel()
+    audio = np.concatenate(ear.chunks) if ear.chunks else np.zeros(0, dtype=np.int16)
+    result = CallResult(call_id, turns, audio, events)
+    if barge_in_after_ms is not None and len(turns) >= 2 and turns[-2].reply_stop is not None:
+        result.barge_in_stop_ms = round((turns[-2].reply_stop - turns[-1].onset) * 1e3, 1)
+    return result

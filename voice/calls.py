@@ -1,0 +1,137 @@
+"""The calls of this process: admission, one `Conversation` per call, clean hang-up on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from pipeline.conversation import Conversation, LanguageModel, SpeechRecognizer, SpeechSynthesizer
+from pipeline.records import TurnRecord
+from voice.settings import Settings
+from voice.webrtc import WebRTCCall
+
+log = logging.getLogger(__name__)
+
+_FINISHED_KEPT = 200  # finished calls kept in memory for GET /calls/{id}
+
+
+@dataclass
+class Call:
+    """One call from admission to hang-up."""
+
+    call_id: str
+    transport: str
+    conversation: Conversation
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def state(self) -> str:
+        return "ended" if self.ended_at is not None else "active"
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "call_id": self.call_id,
+            "transport": self.transport,
+            "state": self.state,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "turns": len(self.conversation.records),
+        }
+
+    def detail(self) -> dict[str, object]:
+        return {
+            **self.summary(),
+            "records": [record.to_dict() for record in self.conversation.records],
+            "history": [{"role": m.role, "content": m.content} for m in self.conversation.history],
+        }
+
+
+class CallsFull(Exception):
+    """The process is at its concurrent-call limit."""
+
+
+class Switchboard:
+    """Admits calls, runs one conversation each, and hangs them all up on shutdown."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        stt: SpeechRecognizer,
+        llm: LanguageModel,
+        tts: SpeechSynthesizer,
+    ) -> None:
+        self.settings = settings
+        self.stt = stt
+        self.llm = llm
+        self.tts = tts
+        self.active: dict[str, Call] = {}
+        self.finished: OrderedDict[str, Call] = OrderedDict()
+
+    def new_call_id(self) -> str:
+        if len(self.active) >= self.settings.max_calls:
+            raise CallsFull(f"at capacity ({self.settings.max_calls} calls)")
+        return uuid.uuid4().hex
+
+    def get(self, call_id: str) -> Call | None:
+        return self.active.get(call_id) or self.finished.get(call_id)
+
+    def start(self, transport: WebRTCCall, kind: str) -> Call:
+        """Run a conversation over `transport` until the call ends."""
+        conversation = Conversation(
+            transport.call_id,
+            transport,
+            stt=self.stt,
+            llm=self.llm,
+            tts=self.tts,
+            settings=self.settings.conversation,
+            turn_settings=self.settings.turns,
+            sentence_settings=self.settings.sentences,
+            on_turn=self._on_turn,
+        )
+        call = Call(transport.call_id, kind, conversation)
+        self.active[call.call_id] = call
+        call.task = asyncio.create_task(self._run(call, transport), name=f"call-{call.call_id}")
+        log.info("call %s: admitted (%s), %d active", call.call_id, kind, len(self.active))
+        return call
+
+    async def _run(self, call: Call, transport: WebRTCCall) -> None:
+        try:
+            await call.conversation.run()
+        except Exception:
+            log.exception("call %s: conversation failed", call.call_id)
+        finally:
+            await transport.close()
+            call.ended_at = time.time()
+            self.active.pop(call.call_id, None)
+            self.finished[call.call_id] = call
+            while len(self.finished) > _FINISHED_KEPT:
+                self.finished.popitem(last=False)
+            log.info("call %s: ended, %d active", call.call_id, len(self.active))
+
+    def _on_turn(self, record: TurnRecord) -> None:
+        log.debug("turn record: %s", record)
+
+    async def hang_up(self, call_id: str, reason: str) -> bool:
+        call = self.active.get(call_id)
+        if call is None or call.task is None:
+            return False
+        transport = call.conversation.transport
+        if isinstance(transport, WebRTCCall):
+            transport.hang_up(reason)
+        with contextlib.suppress(asyncio.CancelledError):
+            await call.task
+        return True
+
+    async def shutdown(self) -> None:
+        """Hang up every call and wait for each to close."""
+        await asyncio.gather(
+            *(self.hang_up(call_id, "server shutdown") for call_id in list(self.active))
+        )

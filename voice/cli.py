@@ -1,0 +1,118 @@
+"""`hotline serve | call | llm-sim`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+app = typer.Typer(
+    help="Hotline: self-hosted real-time voice AI telephony server.", no_args_is_help=True
+)
+console = Console()
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
+    )
+
+
+@app.command()
+def serve(
+    host: Annotated[
+        str | None, typer.Option(help="Address to listen on [default: 127.0.0.1]")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port to listen on [default: 8080]")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
+) -> None:
+    """Run the server: softphone page at /, WebRTC offers at /offer."""
+    import uvicorn
+
+    from voice.app import create_app
+    from voice.settings import Settings
+
+    _logging(log_level)
+    overrides: dict[str, object] = {}
+    if host is not None:
+        overrides["host"] = host
+    if port is not None:
+        overrides["port"] = port
+    settings = Settings(**overrides)  # type: ignore[arg-type]
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        ws_max_size=64 * 1024,
+    )
+
+
+@app.command()
+def call(
+    wav: Annotated[
+        list[Path], typer.Option(help="WAV file the caller speaks; repeat for several turns")
+    ],
+    url: Annotated[str, typer.Option(help="Server URL")] = "http://127.0.0.1:8080",
+    out: Annotated[Path, typer.Option(help="Where to write the reply audio")] = Path("reply.wav"),
+    repeat: Annotated[int, typer.Option(help="Place the call this many times")] = 1,
+    log_level: Annotated[str, typer.Option()] = "warning",
+) -> None:
+    """Call a server over WebRTC, play WAV files as the caller, record and time the replies."""
+    from voice.audio import read_wav, write_wav
+    from voice.caller import place_call
+
+    _logging(log_level)
+    utterances = [read_wav(path) for path in wav]
+    latencies: dict[int, list[float]] = {}
+    for attempt in range(repeat):
+        result = asyncio.run(place_call(url, utterances))
+        write_wav(out, result.reply_audio)
+        console.print(
+            f"[bold]call {result.call_id}[/] ({attempt + 1}/{repeat}), reply audio: {out}"
+        )
+        callers, bots = result.transcripts("caller"), result.transcripts("bot")
+        records = result.records()
+        table = Table("turn", "caller said", "bot replied", "voice-to-voice ms", "server parts ms")
+        for index, turn in enumerate(result.turns):
+            v2v = turn.voice_to_voice_ms
+            if v2v is not None:
+                latencies.setdefault(index, []).append(v2v)
+            parts = records[index].get("timings_ms", {}) if index < len(records) else {}
+            assert isinstance(parts, dict)
+            table.add_row(
+                str(index + 1),
+                callers[index] if index < len(callers) else "",
+                bots[index] if index < len(bots) else "",
+                "-" if v2v is None else f"{v2v:.0f}",
+                " ".join(f"{k}={v:.0f}" for k, v in parts.items()),
+            )
+        console.print(table)
+    if repeat > 1:
+        for index, values in sorted(latencies.items()):
+            console.print(
+                f"turn {index + 1}: voice-to-voice median {statistics.median(values):.0f} ms "
+                f"over {len(values)} calls"
+            )
+
+
+@app.command("llm-sim")
+def llm_sim(
+    port: Annotated[int, typer.Option(help="Port to listen on")] = 8090,
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    log_level: Annotated[str, typer.Option()] = "info",
+) -> None:
+    """Run the OpenAI-compatible tier simulator on its own (replies are simulated)."""
+    from pipeline.simulator import serve_simulator
+
+    _logging(log_level)
+    serve_simulator(host, port)

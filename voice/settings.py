@@ -1,0 +1,51 @@
+"""Server settings: environment variables `HOTLINE_*` (nested with `__`); offline defaults.
+
+Examples: `HOTLINE_PORT=9000`, `HOTLINE_LLM__BASE_URL=https://api.openai.com/v1`,
+`HOTLINE_STT__MODEL=base`, `HOTLINE_WEBRTC__ICE_HOST_ADDRESSES='["127.0.0.1"]'`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from pipeline.conversation import ConversationSettings
+from pipeline.llm import LLMSettings
+from pipeline.sentences import SentenceSettings
+from pipeline.simulator import SimulatorSettings
+from pipeline.stt import STTSettings
+from pipeline.tts import TTSSettings
+from pipeline.turns import TurnSettings
+
+
+class WebRTCSettings(BaseModel):
+    """ICE options for the server's peer connections."""
+
+    # Local addresses offered as ICE host candidates; empty = every interface but loopback
+    # (aioice's default). Set ["127.0.0.1"] for calls from this machine only.
+    ice_host_addresses: list[str] = Field(default_factory=list)
+    # STUN/TURN server URLs (e.g. "stun:stun.example.org:3478"); none by default: offline.
+    ice_servers: list[str] = Field(default_factory=list)
+
+
+class Settings(BaseSettings):
+    """Everything `hotline serve` can be told."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="HOTLINE_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_calls: int = 8  # concurrent calls this process admits; 503 beyond
+    max_body_bytes: int = 64 * 1024  # largest accepted offer body
+    warm_up: bool = True  # load and run every model once before accepting calls
+
+    stt: STTSettings = Field(default_factory=STTSettings)
+    tts: TTSSettings = Field(default_factory=TTSSettings)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    simulator: SimulatorSettings = Field(default_factory=SimulatorSettings)
+    turns: TurnSettings = Field(default_factory=TurnSettings)
+    sentences: SentenceSettings = Field(default_factory=SentenceSettings)
+    conversation: ConversationSettings = Field(default_factory=ConversationSettings)
+    webrtc: WebRTCSettings = Field(default_factory=WebRTCSettings)

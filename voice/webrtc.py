@@ -1,0 +1,254 @@
+"""WebRTC transport (aiortc): inbound audio resampled to 16 kHz mono, outbound paced by the clock.
+
+The caller's page (or `hotline call`) opens a data channel named "events"; transcripts and turn
+timings are sent to it as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+
+import aioice.ice
+import av
+import numpy as np
+from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection
+from aiortc.mediastreams import MediaStreamError
+
+from pipeline.transport import (
+    FRAME_SAMPLES,
+    PCM,
+    SAMPLE_RATE,
+    AudioIn,
+    HangUp,
+    InboundEvent,
+    PlaybackCleared,
+)
+
+log = logging.getLogger(__name__)
+
+_TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
+_FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
+
+
+def restrict_ice_host_addresses(addresses: Sequence[str]) -> None:
+    """Offer only these local addresses as ICE host candidates (aioice skips 127.0.0.1 otherwise).
+
+    Used for loopback tests and for servers that must not advertise every interface.
+    """
+    chosen = list(addresses)
+
+    def host_addresses(use_ipv4: bool = True, use_ipv6: bool = True) -> list[str]:
+        return [a for a in chosen if (":" in a and use_ipv6) or (":" not in a and use_ipv4)]
+
+    aioice.ice.get_host_addresses = host_addresses
+
+
+class OutboundAudio(MediaStreamTrack):
+    """Reply audio queued by the conversation, sent in 20 ms frames paced by the absolute clock.
+
+    Positions count reply samples since the call started; silence sent while nothing is queued
+    does not advance them.
+    """
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._chunks: deque[PCM] = deque()
+        self._queued = 0
+        self._played = 0
+        self._waiters: list[tuple[int, asyncio.Future[float]]] = []
+        self._start: float | None = None
+        self._pts = 0
+
+    @property
+    def queued_samples(self) -> int:
+        return self._queued
+
+    @property
+    def played_samples(self) -> int:
+        return self._played
+
+    def play(self, pcm: PCM) -> int:
+        if pcm.size:
+            self._chunks.append(pcm)
+            self._queued += int(pcm.size)
+        return self._queued
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._queued = self._played
+        self._fail_waiters()
+
+    def wait_played(self, position: int) -> asyncio.Future[float]:
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        if position <= self._played:
+            future.set_result(time.monotonic())
+        elif position > self._queued:
+            future.set_exception(PlaybackCleared(f"position {position} was never queued"))
+        else:
+            self._waiters.append((position, future))
+        return future
+
+    def stop(self) -> None:
+        self._fail_waiters()
+        super().stop()
+
+    def _fail_waiters(self) -> None:
+        for _, future in self._waiters:
+            if not future.done():
+                future.set_exception(PlaybackCleared("playback cleared"))
+        self._waiters.clear()
+
+    def _take_frame(self) -> PCM:
+        frame = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        filled = 0
+        while filled < FRAME_SAMPLES and self._chunks:
+            chunk = self._chunks[0]
+            take = min(FRAME_SAMPLES - filled, int(chunk.size))
+            frame[filled : filled + take] = chunk[:take]
+            filled += take
+            if take == chunk.size:
+                self._chunks.popleft()
+            else:
+                self._chunks[0] = chunk[take:]
+        self._played += filled
+        return frame
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += FRAME_SAMPLES
+            delay = self._start + self._pts / SAMPLE_RATE - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        samples = self._take_frame()
+        now = time.monotonic()
+        still_waiting = []
+        for position, future in self._waiters:
+            if position <= self._played:
+                if not future.done():
+                    future.set_result(now)
+            else:
+                still_waiting.append((position, future))
+        self._waiters = still_waiting
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = SAMPLE_RATE
+        frame.pts = self._pts
+        frame.time_base = _TIME_BASE
+        return frame
+
+
+class WebRTCCall:
+    """A `Transport` over one aiortc peer connection."""
+
+    def __init__(self, call_id: str, pc: RTCPeerConnection) -> None:
+        self.call_id = call_id
+        self.pc = pc
+        self.outbound = OutboundAudio()
+        self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
+        self._reader: asyncio.Task[None] | None = None
+        self._channel: RTCDataChannel | None = None
+        self._pending_events: list[str] = []
+        self._closed = False
+        pc.on("track", self._on_track)
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("connectionstatechange", self._on_state)
+
+    # -- aiortc callbacks --------------------------------------------------------------------
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio" and self._reader is None:
+            # Answer on the caller's own audio transceiver (as aiortc's server example does).
+            self.pc.addTrack(self.outbound)
+            self._reader = asyncio.create_task(self._read(track))
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if channel.label != "events":
+            return
+        self._channel = channel
+
+        def flush() -> None:
+            for message in self._pending_events:
+                channel.send(message)
+            self._pending_events.clear()
+
+        if channel.readyState == "open":
+            flush()
+        else:
+            channel.on("open", flush)
+
+    async def _on_state(self) -> None:
+        state = self.pc.connectionState
+        log.info("call %s: connection %s", self.call_id, state)
+        if state in ("failed", "closed"):
+            self._inbound.put_nowait(HangUp(f"connection {state}"))
+
+    async def _read(self, track: MediaStreamTrack) -> None:
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+        try:
+            while True:
+                frame = await track.recv()
+                assert isinstance(frame, av.AudioFrame)
+                at = time.monotonic()
+                for out in resampler.resample(frame):
+                    pcm = out.to_ndarray().reshape(-1).astype(np.int16, copy=False)
+                    self._inbound.put_nowait(AudioIn(pcm, at))
+        except MediaStreamError:
+            self._inbound.put_nowait(HangUp("caller track ended"))
+
+    # -- Transport ---------------------------------------------------------------------------
+
+    async def inbound(self) -> AsyncIterator[InboundEvent]:
+        while True:
+            event = await self._inbound.get()
+            yield event
+            if isinstance(event, HangUp):
+                return
+
+    def play(self, pcm: PCM) -> int:
+        return self.outbound.play(pcm)
+
+    async def clear(self) -> None:
+        self.outbound.clear()
+
+    @property
+    def played_samples(self) -> int:
+        return self.outbound.played_samples
+
+    @property
+    def queued_samples(self) -> int:
+        return self.outbound.queued_samples
+
+    async def wait_played(self, position: int) -> float:
+        return await self.outbound.wait_played(position)
+
+    def send_event(self, event: dict[str, object]) -> None:
+        message = json.dumps(event)
+        channel = self._channel
+        if channel is not None and channel.readyState == "open":
+            channel.send(message)
+        elif not self._closed:
+            self._pending_events.append(message)
+
+    def hang_up(self, reason: str) -> None:
+        """Ask the conversation to end (server shutdown, API hang-up)."""
+        self._inbound.put_nowait(HangUp(reason))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.outbound.stop()
+        if self._reader is not None:
+            self._reader.cancel()
+        await self.pc.close()
