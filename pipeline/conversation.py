@@ -183,7 +183,12 @@ class Conversation:
     async def _barge_in(self, started: SpeechStarted) -> None:
         if self._response is None or self._response.done():
             return
-        log.info("call %s: barge-in", self.call_id)
+        log.info(
+            "call %s: barge-in, speech began %.0f ms ago (monotonic %.3f)",
+            self.call_id,
+            (time.monotonic() - started.at) * 1e3,
+            started.at,
+        )
         self.barge_ins.append(started.at)
         await self.transport.clear()
         await self._stop_response()

@@ -15,13 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import itertools
 import json
 import logging
 import random
 import socket
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -33,9 +30,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-log = logging.getLogger(__name__)
+from pipeline.simulator_wire import (
+    JSON,
+    Plan,
+    chat_completion,
+    chat_events,
+    error_body,
+    response_events,
+    response_object,
+    status_error,
+)
+from pipeline.simulator_wire import SimulatedRequest as SimulatedRequest  # re-exported
 
-JSON = dict[str, Any]
+log = logging.getLogger(__name__)
 
 DEFAULT_ANSWERS = [
     "I can help with that. Could you tell me a little more about what you need?",
@@ -47,7 +54,6 @@ DEFAULT_ANSWERS = [
     "Good question. The short answer is yes, and I can walk you through the next step.",
     "Okay, I have that down. What is the best number to reach you on?",
 ]
-REASONING_TEXT = "the caller wants a short friendly answer so keep it brief and spoken"
 STARTUP_NOTICE = (
     "LLM replies are SIMULATED by Hotline's tier simulator: no language model is running; the "
     "agent repeats what it heard plus a scripted sentence. To use a real OpenAI-compatible "
@@ -140,20 +146,6 @@ class SimulatorSettings(BaseModel):
 
 
 @dataclass
-class SimulatedRequest:
-    """What the simulator understood of one request (for tests and debugging)."""
-
-    api: Literal["chat", "responses"]
-    model: str
-    messages: list[tuple[str, str]]  # (role, text), instructions first as "system"
-    service_tier: str | None  # as requested; None when the field was absent
-    effort: str | None  # as requested; None when the field was absent
-    max_tokens: int | None
-    stream: bool
-    profile: str
-
-
-@dataclass
 class SimulatorStats:
     """Counters kept by a simulator app (see `simulator_stats`)."""
 
@@ -184,247 +176,12 @@ class _BadRequest(Exception):
         self.message, self.param, self.code = message, param, code
 
 
-# ---------------------------------------------------------------- the timeline of one reply
-
-
-@dataclass
-class _Plan:
-    """One simulated generation, timed on the event loop's monotonic clock."""
-
-    request: SimulatedRequest
-    instructions: str | None
-    reported_tier: str
-    effort: str
-    reasoning_tokens: int
-    deltas: list[str]
-    finish_reason: Literal["stop", "length"]
-    prompt_tokens: int
-    start: float
-    ttft_s: float
-    token_s: float
-    created: int = field(default_factory=lambda: int(time.time()))
-    ident: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
-
-    @property
-    def text(self) -> str:
-        return "".join(self.deltas)
-
-    def first_token_at(self) -> float:
-        return self.start + self.ttft_s
-
-    def visible_at(self, index: int) -> float:
-        """When visible token ``index`` is due: after every reasoning token, at the tier's rate."""
-        return self.first_token_at() + (self.reasoning_tokens + index) * self.token_s
-
-    def end_at(self) -> float:
-        return self.visible_at(max(len(self.deltas) - 1, 0))
-
-
 def _reply_words(messages: list[tuple[str, str]], answers: list[str]) -> list[str]:
     heard = next((" ".join(t.split()) for role, t in reversed(messages) if role == "user"), "")
     heard = heard.rstrip(" .!?,;:")
     digest = hashlib.sha256(heard.encode()).digest()
     answer = answers[int.from_bytes(digest[:4], "big") % len(answers)]
     return (f"You said: {heard}. {answer}" if heard else answer).split()
-
-
-# ---------------------------------------------------------------- wire format (OpenAI shapes)
-
-
-def _error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> JSON:
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def _status_error(status: int, profile: str) -> JSON:
-    if status == 429:
-        return _error_body(
-            f"Rate limit reached on the simulated '{profile}' tier. Please try again later.",
-            "requests",
-            code="rate_limit_exceeded",
-        )
-    if status == 503:
-        return _error_body(
-            f"The simulated '{profile}' tier is overloaded. Please try again later.",
-            "server_error",
-            code="server_overloaded",
-        )
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    return _error_body(f"Simulated failure (HTTP {status}) on the '{profile}' tier.", kind)
-
-
-def _sse(data: JSON | str, event: str | None = None) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n".encode()
-
-
-def _chat_usage(plan: _Plan) -> JSON:
-    completion = plan.reasoning_tokens + len(plan.deltas)
-    return {
-        "prompt_tokens": plan.prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": plan.prompt_tokens + completion,
-        "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
-        "completion_tokens_details": {
-            "reasoning_tokens": plan.reasoning_tokens,
-            "audio_tokens": 0,
-            "accepted_prediction_tokens": 0,
-            "rejected_prediction_tokens": 0,
-        },
-    }
-
-
-def _chat_completion(plan: _Plan) -> JSON:
-    message: JSON = {"role": "assistant", "content": plan.text, "refusal": None, "annotations": []}
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": plan.finish_reason}
-    return {
-        "id": f"chatcmpl-{plan.ident}",
-        "object": "chat.completion",
-        "created": plan.created,
-        "model": plan.request.model,
-        "choices": [choice],
-        "usage": _chat_usage(plan),
-        "service_tier": plan.reported_tier,
-        "system_fingerprint": "fp_hotline_sim",
-    }
-
-
-def _chat_events(
-    plan: _Plan, include_usage: bool, reasoning_field: str
-) -> list[tuple[float, bytes]]:
-    def chunk(delta: JSON, finish: str | None = None, usage: JSON | None = None) -> bytes:
-        choices = (
-            []
-            if usage
-            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-        )
-        body: JSON = {
-            "id": f"chatcmpl-{plan.ident}",
-            "object": "chat.completion.chunk",
-            "created": plan.created,
-            "model": plan.request.model,
-            "service_tier": plan.reported_tier,
-            "system_fingerprint": "fp_hotline_sim",
-            "choices": choices,
-        }
-        if include_usage:
-            body["usage"] = usage
-        return _sse(body)
-
-    start = plan.first_token_at()
-    events = [(start, chunk({"role": "assistant", "content": "", "refusal": None}))]
-    if reasoning_field != "none":
-        words = itertools.cycle(REASONING_TEXT.split())
-        for i in range(plan.reasoning_tokens):
-            events.append((start + i * plan.token_s, chunk({reasoning_field: " " + next(words)})))
-    events += [(plan.visible_at(i), chunk({"content": d})) for i, d in enumerate(plan.deltas)]
-    end = plan.end_at()
-    events.append((end, chunk({}, plan.finish_reason)))
-    if include_usage:
-        events.append((end, chunk({}, usage=_chat_usage(plan))))
-    events.append((end, _sse("[DONE]")))
-    return events
-
-
-def _text_part(text: str) -> JSON:
-    return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
-
-
-def _reasoning_item(plan: _Plan) -> JSON:
-    return {"id": f"rs_{plan.ident}", "type": "reasoning", "summary": []}
-
-
-def _message_item(plan: _Plan, final: bool) -> JSON:
-    status = (
-        "in_progress"
-        if not final
-        else "completed"
-        if plan.finish_reason == "stop"
-        else "incomplete"
-    )
-    parts = [_text_part(plan.text)] if final else []
-    item = {"id": f"msg_{plan.ident}", "type": "message", "role": "assistant"}
-    return {**item, "status": status, "content": parts}
-
-
-def _response_object(plan: _Plan, final: bool) -> JSON:
-    complete = plan.finish_reason == "stop"
-    output: list[JSON] = []
-    usage: JSON | None = None
-    if final:
-        output = [_reasoning_item(plan)] if plan.reasoning_tokens else []
-        if plan.deltas:
-            output.append(_message_item(plan, final=True))
-        out_tokens = plan.reasoning_tokens + len(plan.deltas)
-        usage = {
-            "input_tokens": plan.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": out_tokens,
-            "output_tokens_details": {"reasoning_tokens": plan.reasoning_tokens},
-            "total_tokens": plan.prompt_tokens + out_tokens,
-        }
-    status = "in_progress" if not final else "completed" if complete else "incomplete"
-    return {
-        "id": f"resp_{plan.ident}",
-        "object": "response",
-        "created_at": plan.created,
-        "completed_at": plan.created + round(plan.end_at() - plan.start) if final else None,
-        "status": status,
-        "background": False,
-        "error": None,
-        "incomplete_details": None if complete or not final else {"reason": "max_output_tokens"},
-        "instructions": plan.instructions,
-        "max_output_tokens": plan.request.max_tokens,
-        "max_tool_calls": None,
-        "model": plan.request.model,
-        "output": output,
-        "parallel_tool_calls": True,
-        "previous_response_id": None,
-        "reasoning": {"effort": plan.effort, "summary": None},
-        "service_tier": plan.reported_tier,
-        "temperature": 1.0,
-        "text": {"format": {"type": "text"}, "verbosity": "medium"},
-        "tool_choice": "auto",
-        "tools": [],
-        "top_p": 1.0,
-        "truncation": "disabled",
-        "usage": usage,
-        "user": None,
-        "metadata": {},
-    }
-
-
-def _response_events(plan: _Plan) -> list[tuple[float, bytes]]:
-    events: list[tuple[float, bytes]] = []
-    seq = itertools.count()
-
-    def emit(at: float, kind: str, **fields: Any) -> None:
-        events.append((at, _sse({"type": kind, "sequence_number": next(seq), **fields}, kind)))
-
-    started = _response_object(plan, final=False)
-    emit(plan.start, "response.created", response=started)
-    emit(plan.start, "response.in_progress", response=started)
-    index = 0
-    if plan.reasoning_tokens:
-        item = _reasoning_item(plan)
-        emit(plan.first_token_at(), "response.output_item.added", output_index=0, item=item)
-        emit(plan.visible_at(0), "response.output_item.done", output_index=0, item=item)
-        index = 1
-    if plan.deltas:
-        first, end, text = plan.visible_at(0), plan.end_at(), plan.text
-        at = {"output_index": index, "item_id": f"msg_{plan.ident}", "content_index": 0}
-        item = _message_item(plan, final=False)
-        emit(first, "response.output_item.added", output_index=index, item=item)
-        emit(first, "response.content_part.added", part=_text_part(""), **at)
-        for i, delta in enumerate(plan.deltas):
-            emit(plan.visible_at(i), "response.output_text.delta", delta=delta, logprobs=[], **at)
-        emit(end, "response.output_text.done", text=text, logprobs=[], **at)
-        emit(end, "response.content_part.done", part=_text_part(text), **at)
-        item = _message_item(plan, final=True)
-        emit(end, "response.output_item.done", output_index=index, item=item)
-    done = "response.completed" if plan.finish_reason == "stop" else "response.incomplete"
-    emit(plan.end_at(), done, response=_response_object(plan, final=True))
-    return events
 
 
 # ---------------------------------------------------------------- request parsing
@@ -510,7 +267,7 @@ class _Simulator:
             )
         return self.settings.service_tiers[service_tier]
 
-    def plan(self, request: SimulatedRequest, instructions: str | None = None) -> _Plan:
+    def plan(self, request: SimulatedRequest, instructions: str | None = None) -> Plan:
         s = self.settings
         profile = s.profiles[request.profile]
         effort = request.effort or s.default_effort
@@ -536,7 +293,7 @@ class _Simulator:
         self.stats.requests += 1
         self.stats.last_request = request
         self.stats.notify()
-        return _Plan(
+        return Plan(
             request=request,
             instructions=instructions,
             reported_tier=profile.reported_as,
@@ -562,19 +319,19 @@ class _Simulator:
         self.failures[profile_name] = used + 1
         self.stats.errors_injected += 1
         self.stats.notify()
-        body = _status_error(profile.fail_status, profile_name)
+        body = status_error(profile.fail_status, profile_name)
         return JSONResponse(body, profile.fail_status, headers={"x-request-id": "req_simfail"})
 
-    async def reply(self, plan: _Plan, stream: bool, events: list[tuple[float, bytes]]) -> Response:
+    async def reply(self, plan: Plan, stream: bool, events: list[tuple[float, bytes]]) -> Response:
         headers = {"x-request-id": f"req_{plan.ident}"}
         if (failure := self.injected_failure(plan.request.profile)) is not None:
             return failure
         if not stream:
             await _sleep_until(plan.end_at())
             body = (
-                _chat_completion(plan)
+                chat_completion(plan)
                 if plan.request.api == "chat"
-                else _response_object(plan, final=True)
+                else response_object(plan, final=True)
             )
             return JSONResponse(body, headers=headers)
         return StreamingResponse(
@@ -634,7 +391,7 @@ async def _chat(request: Request) -> Response:
     plan = sim.plan(
         SimulatedRequest("chat", str(model), messages, tier, effort, cap, stream, profile)
     )
-    events = _chat_events(plan, include_usage, sim.settings.stream_reasoning_as) if stream else []
+    events = chat_events(plan, include_usage, sim.settings.stream_reasoning_as) if stream else []
     return await sim.reply(plan, stream, events)
 
 
@@ -654,7 +411,7 @@ async def _responses(request: Request) -> Response:
     profile = sim.profile_for(tier)
     req = SimulatedRequest("responses", str(model), messages, tier, effort, cap, stream, profile)
     plan = sim.plan(req, instructions)
-    return await sim.reply(plan, stream, _response_events(plan) if stream else [])
+    return await sim.reply(plan, stream, response_events(plan) if stream else [])
 
 
 async def _models(request: Request) -> Response:
@@ -665,7 +422,7 @@ async def _models(request: Request) -> Response:
 
 async def _bad_request(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, _BadRequest)
-    return JSONResponse(_error_body(exc.message, "invalid_request_error", exc.param, exc.code), 400)
+    return JSONResponse(error_body(exc.message, "invalid_request_error", exc.param, exc.code), 400)
 
 
 @contextlib.asynccontextmanager

@@ -44,10 +44,10 @@ async def test_two_turn_call_hears_the_callers_words(server: Server) -> None:
     heard = SpeechToText.shared().transcribe_blocking(result.reply_audio).text
     print(f"reply audio transcribed: {heard!r}")
     assert "table" in words(heard)
-    assert "paris" in words(heard)
+    assert {"weather", "tomorrow"} <= words(heard)
 
     callers = result.transcripts("caller")
-    assert "table" in words(callers[0]) and "paris" in words(callers[1])
+    assert "table" in words(callers[0]) and "weather" in words(callers[1])
     detail = call_detail(server, result.call_id)
     records = detail["records"]
     assert isinstance(records, list) and len(records) >= 1
@@ -58,11 +58,12 @@ async def test_two_turn_call_hears_the_callers_words(server: Server) -> None:
 async def test_barge_in_stops_the_reply_and_truncates_history(server: Server) -> None:
     result = await place_call(
         server.url,
-        [utterance(FIRST), utterance("Stop, actually I want a table for four.")],
+        [utterance(FIRST), utterance("Wait, actually I want a table for four.")],
         barge_in_after_ms=900,
     )
 
     print(f"\nreply audio stopped {result.barge_in_stop_ms} ms after the caller cut in")
+    print("\n".join(line for line in server.log if "barge-in," in line))
     assert result.barge_in_stop_ms is not None, "the reply never went silent"
     assert result.barge_in_stop_ms < 300
 

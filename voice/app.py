@@ -20,7 +20,7 @@ from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
 from voice.calls import CallsFull, Switchboard
 from voice.settings import Settings
-from voice.webrtc import WebRTCCall, restrict_ice_host_addresses
+from voice.webrtc import WebRTCCall, restrict_ice_host_addresses, shorten_jitter_buffer
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
             if not any(t.kind == "audio" for t in pc.getTransceivers()):
                 raise ValueError("the offer has no audio section")
+            shorten_jitter_buffer(pc)
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as exc:  # aiortc raises many kinds on bad SDP
             await transport.close()

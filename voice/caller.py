@@ -23,11 +23,24 @@ from aiortc.mediastreams import MediaStreamError
 
 from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
 from voice.audio import rms
+from voice.webrtc import shorten_jitter_buffer
 
 log = logging.getLogger(__name__)
 
 AUDIBLE_RMS = 300.0  # int16 RMS above which a received 20 ms frame counts as reply audio
 _TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
+
+
+def voiced_span(pcm: PCM) -> tuple[int, int]:
+    """Indices of the first and last audible 20 ms frames of an utterance (its speech)."""
+    loud = [
+        i
+        for i in range(0, max(1, len(pcm)), FRAME_SAMPLES)
+        if rms(pcm[i : i + FRAME_SAMPLES]) > AUDIBLE_RMS
+    ]
+    if not loud:
+        return 0, max(0, (len(pcm) - 1) // FRAME_SAMPLES)
+    return loud[0] // FRAME_SAMPLES, loud[-1] // FRAME_SAMPLES
 
 
 class CallerMicrophone(MediaStreamTrack):
@@ -37,15 +50,15 @@ class CallerMicrophone(MediaStreamTrack):
 
     def __init__(self) -> None:
         super().__init__()
-        self._script: list[tuple[PCM, asyncio.Future[tuple[float, float]]]] = []
+        self._script: list[tuple[PCM, asyncio.Future[list[float]]]] = []
         self._offset = 0
-        self._onset: float | None = None
+        self._sent: list[float] = []
         self._start: float | None = None
         self._pts = 0
 
-    def say(self, pcm: PCM) -> asyncio.Future[tuple[float, float]]:
-        """Queue an utterance; the future gives (first sample sent, last sample sent) times."""
-        future: asyncio.Future[tuple[float, float]] = asyncio.get_running_loop().create_future()
+    def say(self, pcm: PCM) -> asyncio.Future[list[float]]:
+        """Queue an utterance; the future gives the time each of its 20 ms frames was sent."""
+        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
         self._script.append((pcm, future))
         return future
 
@@ -62,17 +75,16 @@ class CallerMicrophone(MediaStreamTrack):
         samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
         if self._script:
             pcm, future = self._script[0]
-            if self._onset is None:
-                self._onset = time.monotonic()
             piece = pcm[self._offset : self._offset + FRAME_SAMPLES]
             samples[: piece.size] = piece
+            self._sent.append(time.monotonic())
             self._offset += FRAME_SAMPLES
             if self._offset >= pcm.size:
                 if not future.done():
-                    future.set_result((self._onset, time.monotonic()))
+                    future.set_result(self._sent)
                 self._script.pop(0)
                 self._offset = 0
-                self._onset = None
+                self._sent = []
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = SAMPLE_RATE
         frame.pts = self._pts
@@ -84,8 +96,8 @@ class CallerMicrophone(MediaStreamTrack):
 class CallerTurn:
     """One utterance and the reply it got, timed at the caller."""
 
-    onset: float  # monotonic: first sample of the utterance sent
-    speech_end: float  # monotonic: last sample sent
+    onset: float  # monotonic: first audible frame of the utterance sent
+    speech_end: float  # monotonic: last audible frame sent
     reply_start: float | None = None  # first audible reply frame received after speech_end
     reply_stop: float | None = None  # reply audio went silent (for an interrupted reply)
 
@@ -207,6 +219,7 @@ async def place_call(
     events: list[dict[str, object]] = []
     listeners: list[asyncio.Task[None]] = []
     pc.addTrack(mic)
+    shorten_jitter_buffer(pc)
     channel = pc.createDataChannel("events")
 
     @channel.on("message")
@@ -242,7 +255,9 @@ async def place_call(
                     delay = previous.reply_start + barge_in_after_ms / 1e3 - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)  # the script's own timing, not a synchronisation
-            onset, speech_end = await mic.say(pcm)
+            sent = await mic.say(pcm)
+            first, last = voiced_span(pcm)
+            onset, speech_end = sent[first], sent[last] + FRAME_SAMPLES / SAMPLE_RATE
             turn = CallerTurn(onset=onset, speech_end=speech_end)
             turns.append(turn)
             if interrupting:

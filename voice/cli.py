@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import statistics
+import sys
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
+import uvicorn
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
@@ -20,11 +24,24 @@ console = Console()
 
 
 def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(name)s: %(message)s",
-        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],
-    )
+    """Rich output on a terminal, one plain line per record otherwise (logs, CI, tests)."""
+    handler: logging.Handler
+    if sys.stderr.isatty():
+        handler = RichHandler(console=Console(stderr=True), show_path=False)
+        fmt = "%(name)s: %(message)s"
+    else:
+        handler = logging.StreamHandler()
+        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=level.upper(), format=fmt, handlers=[handler])
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown; a cleanly stopped server exits 0."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if sig == signal.SIGTERM and sig in self._captured_signals:
+            self._captured_signals.remove(sig)
 
 
 @app.command()
@@ -36,8 +53,6 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
     """Run the server: softphone page at /, WebRTC offers at /offer."""
-    import uvicorn
-
     from voice.app import create_app
     from voice.settings import Settings
 
@@ -48,13 +63,14 @@ def serve(
     if port is not None:
         overrides["port"] = port
     settings = Settings(**overrides)  # type: ignore[arg-type]
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_config=None,
         ws_max_size=64 * 1024,
     )
+    GracefulServer(config).run()
 
 
 @app.command()
