@@ -38,6 +38,7 @@ def start_server(extra_env: dict[str, str] | None = None, timeout_s: float = 120
     env = {
         **os.environ,
         "HOTLINE_WEBRTC__ICE_HOST_ADDRESSES": '["127.0.0.1"]',
+        "HOTLINE_WEBRTC__CONNECT_TIMEOUT_S": "5",
         "PYTHONUNBUFFERED": "1",
         **(extra_env or {}),
     }

@@ -10,12 +10,16 @@ from __future__ import annotations
 import functools
 import subprocess
 import tempfile
-import wave
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import soxr
+
+from voice.audio import frames as audio_frames
+from voice.audio import read_wav, write_wav
+
+__all__ = ["concat", "espeak", "frames", "noise", "resample", "silence", "write_wav"]
 
 RATE = 16_000
 
@@ -34,8 +38,7 @@ def _espeak_cached(text: str, voice: str, wpm: int) -> np.ndarray:
             check=True,
             capture_output=True,
         )
-        pcm, rate = read_wav(path)
-    return resample(pcm, rate, RATE)
+        return read_wav(path, RATE)
 
 
 def resample(pcm: np.ndarray, rate_in: int, rate_out: int = RATE) -> np.ndarray:
@@ -65,33 +68,6 @@ def concat(*parts: np.ndarray) -> np.ndarray:
     return np.concatenate([np.asarray(p, dtype=np.int16) for p in parts])
 
 
-def write_wav(path: str | Path, pcm: np.ndarray, rate: int = RATE) -> None:
-    """Write mono int16 PCM to a WAV file."""
-    with wave.open(str(path), "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(rate)
-        out.writeframes(np.asarray(pcm, dtype="<i2").tobytes())
-
-
-def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
-    """Read a 16-bit WAV file; returns (int16 mono samples, sample rate). Stereo is averaged."""
-    with wave.open(str(path), "rb") as src:
-        if src.getsampwidth() != 2:
-            raise ValueError(f"{path}: expected 16-bit samples, got {8 * src.getsampwidth()}-bit")
-        channels = src.getnchannels()
-        rate = src.getframerate()
-        data = np.frombuffer(src.readframes(src.getnframes()), dtype="<i2")
-    if channels > 1:
-        data = data.reshape(-1, channels).mean(axis=1).round().astype(np.int16)
-    return data.astype(np.int16), rate
-
-
 def frames(pcm: np.ndarray, ms: int = 20) -> Iterator[np.ndarray]:
     """Split audio into `ms`-long frames; the last one is zero-padded to full length."""
-    size = RATE * ms // 1000
-    for start in range(0, len(pcm), size):
-        frame = pcm[start : start + size]
-        if len(frame) < size:
-            frame = np.concatenate([frame, np.zeros(size - len(frame), dtype=np.int16)])
-        yield frame
+    return audio_frames(pcm, RATE * ms // 1000)

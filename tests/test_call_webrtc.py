@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import httpx
@@ -100,3 +101,25 @@ async def test_bad_offers_get_json_400_and_the_server_keeps_serving(server: Serv
         assert (await http.get("/calls/no-such-call")).status_code == 404
     result = await place_call(server.url, [utterance(SECOND)])
     assert result.turns[0].reply_start is not None
+
+
+async def test_a_caller_who_never_connects_is_hung_up(server: Server) -> None:
+    """An offer whose answer is never applied: the server gives up after its connect timeout."""
+    from aiortc import RTCPeerConnection
+
+    from voice.caller import CallerMicrophone
+
+    pc = RTCPeerConnection()
+    pc.addTrack(CallerMicrophone())
+    await pc.setLocalDescription(await pc.createOffer())
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        offer = {"sdp": pc.localDescription.sdp, "type": "offer"}
+        call_id = (await http.post("/offer", json=offer)).json()["call_id"]
+        await pc.close()  # the caller vanishes before its media connects
+        state = "active"
+        for _ in range(60):  # bounded wait for the server's own timeout (5 s in these tests)
+            state = (await http.get(f"/calls/{call_id}")).json()["state"]
+            if state == "ended":
+                break
+            await asyncio.sleep(0.25)
+        assert state == "ended"

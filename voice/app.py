@@ -112,7 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return error(503, str(full))
         ice = [RTCIceServer(urls=url) for url in settings.webrtc.ice_servers]
         pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
-        transport = WebRTCCall(call_id, pc)
+        transport = WebRTCCall(call_id, pc, settings.webrtc.connect_timeout_s)
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
             if not any(t.kind == "audio" for t in pc.getTransceivers()):

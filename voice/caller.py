@@ -23,7 +23,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
 from voice.audio import rms
-from voice.webrtc import shorten_jitter_buffer
+from voice.webrtc import PacedAudioTrack, shorten_jitter_buffer
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +43,14 @@ def voiced_span(pcm: PCM) -> tuple[int, int]:
     return loud[0] // FRAME_SAMPLES, loud[-1] // FRAME_SAMPLES
 
 
-class CallerMicrophone(MediaStreamTrack):
+class CallerMicrophone(PacedAudioTrack):
     """The caller's voice: queued utterances, then silence, paced by the absolute clock."""
-
-    kind = "audio"
 
     def __init__(self) -> None:
         super().__init__()
         self._script: list[tuple[PCM, asyncio.Future[list[float]]]] = []
         self._offset = 0
         self._sent: list[float] = []
-        self._start: float | None = None
-        self._pts = 0
 
     def say(self, pcm: PCM) -> asyncio.Future[list[float]]:
         """Queue an utterance; the future gives the time each of its 20 ms frames was sent."""
@@ -62,16 +58,7 @@ class CallerMicrophone(MediaStreamTrack):
         self._script.append((pcm, future))
         return future
 
-    async def recv(self) -> av.AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        if self._start is None:
-            self._start = time.monotonic()
-        else:
-            self._pts += FRAME_SAMPLES
-            delay = self._start + self._pts / SAMPLE_RATE - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+    def next_frame(self) -> PCM:
         samples = np.zeros(FRAME_SAMPLES, dtype=np.int16)
         if self._script:
             pcm, future = self._script[0]
@@ -85,11 +72,7 @@ class CallerMicrophone(MediaStreamTrack):
                 self._script.pop(0)
                 self._offset = 0
                 self._sent = []
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE
-        frame.pts = self._pts
-        frame.time_base = _TIME_BASE
-        return frame
+        return samples
 
 
 @dataclass

@@ -9,7 +9,7 @@ import statistics
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import uvicorn
@@ -83,42 +83,53 @@ def call(
     repeat: Annotated[int, typer.Option(help="Place the call this many times")] = 1,
     log_level: Annotated[str, typer.Option()] = "warning",
 ) -> None:
-    """Call a server over WebRTC, play WAV files as the caller, record and time the replies."""
+    """Call a server over WebRTC, play WAV files as the caller, record and time the replies.
+
+    Voice-to-voice latency is measured at the caller: from the last audible frame of each
+    utterance sent to the first audible reply frame received. The server's parts of it come
+    from its turn records (milliseconds since the end of speech, as the server detected it).
+    """
+    import httpx
+
     from voice.audio import read_wav, write_wav
     from voice.caller import place_call
 
     _logging(log_level)
     utterances = [read_wav(path) for path in wav]
-    latencies: dict[int, list[float]] = {}
+    measured: dict[int, dict[str, list[float]]] = {}
     for attempt in range(repeat):
         result = asyncio.run(place_call(url, utterances))
         write_wav(out, result.reply_audio)
-        console.print(
-            f"[bold]call {result.call_id}[/] ({attempt + 1}/{repeat}), reply audio: {out}"
-        )
-        callers, bots = result.transcripts("caller"), result.transcripts("bot")
-        records = result.records()
+        detail = httpx.get(f"{url.rstrip('/')}/calls/{result.call_id}", timeout=10).json()
+        records: list[dict[str, Any]] = detail.get("records", [])
+        console.print(f"[bold]call {result.call_id}[/] ({attempt + 1}/{repeat}), reply: {out}")
         table = Table("turn", "caller said", "bot replied", "voice-to-voice ms", "server parts ms")
         for index, turn in enumerate(result.turns):
+            record = records[index] if index < len(records) else {}
+            parts: dict[str, float] = record.get("timings_ms", {})
             v2v = turn.voice_to_voice_ms
             if v2v is not None:
-                latencies.setdefault(index, []).append(v2v)
-            parts = records[index].get("timings_ms", {}) if index < len(records) else {}
-            assert isinstance(parts, dict)
+                samples = measured.setdefault(index, {})
+                samples.setdefault("voice_to_voice", []).append(v2v)
+                for stage, ms in parts.items():
+                    samples.setdefault(stage, []).append(ms)
             table.add_row(
                 str(index + 1),
-                callers[index] if index < len(callers) else "",
-                bots[index] if index < len(bots) else "",
+                str(record.get("caller_text", "")),
+                str(record.get("reply_text", "")),
                 "-" if v2v is None else f"{v2v:.0f}",
                 " ".join(f"{k}={v:.0f}" for k, v in parts.items()),
             )
         console.print(table)
-    if repeat > 1:
-        for index, values in sorted(latencies.items()):
-            console.print(
-                f"turn {index + 1}: voice-to-voice median {statistics.median(values):.0f} ms "
-                f"over {len(values)} calls"
+    if repeat > 1 and measured:
+        stages = list(next(iter(measured.values())))
+        table = Table("turn", *(f"{stage} ms" for stage in stages), title=f"medians of {repeat}")
+        for index, samples in sorted(measured.items()):
+            table.add_row(
+                str(index + 1),
+                *(f"{statistics.median(samples.get(stage, [0.0])):.0f}" for stage in stages),
             )
+        console.print(table)
 
 
 @app.command("llm-sim")

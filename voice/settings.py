@@ -26,6 +26,8 @@ class WebRTCSettings(BaseModel):
     ice_host_addresses: list[str] = Field(default_factory=list)
     # STUN/TURN server URLs (e.g. "stun:stun.example.org:3478"); none by default: offline.
     ice_servers: list[str] = Field(default_factory=list)
+    # A caller whose media has not connected this long after the offer is hung up.
+    connect_timeout_s: float = 20.0
 
 
 class Settings(BaseSettings):

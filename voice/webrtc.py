@@ -69,14 +69,48 @@ def shorten_jitter_buffer(pc: RTCPeerConnection) -> None:
             log.warning("aiortc's receiver changed; jitter buffer left as it is")
 
 
-class OutboundAudio(MediaStreamTrack):
+class PacedAudioTrack(MediaStreamTrack):
+    """An audio track that sends one 20 ms frame of `next_frame()` per 20 ms of the clock.
+
+    Pacing uses the absolute clock (start + pts / rate), never a sum of sleeps, as aiortc's own
+    `AudioStreamTrack` does, so that a late wake-up does not accumulate into drift.
+    """
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._start: float | None = None
+        self._pts = 0
+
+    def next_frame(self) -> PCM:
+        """The next FRAME_SAMPLES samples to send; called once per frame, on time."""
+        raise NotImplementedError
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += FRAME_SAMPLES
+            delay = self._start + self._pts / SAMPLE_RATE - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        samples = self.next_frame()
+        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate = SAMPLE_RATE
+        frame.pts = self._pts
+        frame.time_base = _TIME_BASE
+        return frame
+
+
+class OutboundAudio(PacedAudioTrack):
     """Reply audio queued by the conversation, sent in 20 ms frames paced by the absolute clock.
 
     Positions count reply samples since the call started; silence sent while nothing is queued
     does not advance them.
     """
-
-    kind = "audio"
 
     def __init__(self) -> None:
         super().__init__()
@@ -84,8 +118,6 @@ class OutboundAudio(MediaStreamTrack):
         self._queued = 0
         self._played = 0
         self._waiters: list[tuple[int, asyncio.Future[float]]] = []
-        self._start: float | None = None
-        self._pts = 0
 
     @property
     def queued_samples(self) -> int:
@@ -126,7 +158,7 @@ class OutboundAudio(MediaStreamTrack):
                 future.set_exception(PlaybackCleared("playback cleared"))
         self._waiters.clear()
 
-    def _take_frame(self) -> PCM:
+    def next_frame(self) -> PCM:
         frame = np.zeros(FRAME_SAMPLES, dtype=np.int16)
         filled = 0
         while filled < FRAME_SAMPLES and self._chunks:
@@ -139,19 +171,6 @@ class OutboundAudio(MediaStreamTrack):
             else:
                 self._chunks[0] = chunk[take:]
         self._played += filled
-        return frame
-
-    async def recv(self) -> av.AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        if self._start is None:
-            self._start = time.monotonic()
-        else:
-            self._pts += FRAME_SAMPLES
-            delay = self._start + self._pts / SAMPLE_RATE - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        samples = self._take_frame()
         now = time.monotonic()
         still_waiting = []
         for position, future in self._waiters:
@@ -161,17 +180,15 @@ class OutboundAudio(MediaStreamTrack):
             else:
                 still_waiting.append((position, future))
         self._waiters = still_waiting
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE
-        frame.pts = self._pts
-        frame.time_base = _TIME_BASE
         return frame
 
 
 class WebRTCCall:
     """A `Transport` over one aiortc peer connection."""
 
-    def __init__(self, call_id: str, pc: RTCPeerConnection) -> None:
+    def __init__(
+        self, call_id: str, pc: RTCPeerConnection, connect_timeout_s: float = 20.0
+    ) -> None:
         self.call_id = call_id
         self.pc = pc
         self.outbound = OutboundAudio()
@@ -183,6 +200,14 @@ class WebRTCCall:
         pc.on("track", self._on_track)
         pc.on("datachannel", self._on_datachannel)
         pc.on("connectionstatechange", self._on_state)
+        self._watchdog = asyncio.get_running_loop().call_later(
+            connect_timeout_s, self._give_up_unless_connected
+        )
+
+    def _give_up_unless_connected(self) -> None:
+        if self.pc.connectionState != "connected" and not self._closed:
+            log.warning("call %s: caller never connected; hanging up", self.call_id)
+            self._inbound.put_nowait(HangUp("never connected"))
 
     # -- aiortc callbacks --------------------------------------------------------------------
 
@@ -268,6 +293,7 @@ class WebRTCCall:
         if self._closed:
             return
         self._closed = True
+        self._watchdog.cancel()
         self.outbound.stop()
         if self._reader is not None:
             self._reader.cancel()
