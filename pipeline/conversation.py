@@ -39,7 +39,7 @@ from pipeline.transport import (
     PlaybackCleared,
     Transport,
 )
-from pipeline.turns import SpeechStarted, TurnDetector, TurnSegment, TurnSettings
+from pipeline.turns import SpeechStarted, TurnDetector, TurnPause, TurnSegment, TurnSettings
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,8 @@ class Conversation:
         # with the next turn (as audio if it was cut during STT, else as text).
         self._unheard_audio: npt.NDArray[np.int16] | None = None
         self._unanswered = ""
+        # Transcription started when the caller paused, by the audio position where speech ended.
+        self._early: tuple[int, asyncio.Task[Transcript]] | None = None
         # One stateful resampler for this call's outbound audio (TTS rate -> 16 kHz).
         self._resampler = soxr.ResampleStream(tts.sample_rate, SAMPLE_RATE, 1, dtype="int16")
 
@@ -166,6 +168,8 @@ class Conversation:
                     for found in self.detector.push(event.pcm, event.at):
                         if isinstance(found, SpeechStarted):
                             await self._barge_in(found)
+                        elif isinstance(found, TurnPause):
+                            self._transcribe_early(found)
                         else:
                             self._start_response(found)
                 elif isinstance(event, Dtmf):
@@ -175,6 +179,7 @@ class Conversation:
                     log.info("call %s: hang-up (%s)", self.call_id, event.reason)
                     break
         finally:
+            self._drop_early()
             await self._stop_response()
             log.info("call %s: conversation ended after %d turns", self.call_id, len(self.records))
 
@@ -201,23 +206,49 @@ class Conversation:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
+    def _caller_audio(self, audio: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
+        """The audio to transcribe: `audio`, after any speech whose reply was cut off unheard."""
+        if self._unheard_audio is None:
+            return audio
+        return np.concatenate([self._unheard_audio, audio])
+
+    def _transcribe_early(self, pause: TurnPause) -> None:
+        """Start transcribing at a pause, so the transcript is ready when the turn ends."""
+        self._drop_early()
+        task = asyncio.create_task(self.stt.transcribe(self._caller_audio(pause.audio)))
+        self._early = (pause.end_position, task)
+
+    def _drop_early(self) -> None:
+        if self._early is not None:
+            self._early[1].cancel()
+            self._early = None
+
     def _start_response(self, segment: TurnSegment) -> None:
         if self._response is not None and not self._response.done():
             # A turn can only end after speech started, which already cancelled any response.
             log.warning("call %s: turn ended while a response was running", self.call_id)
             self._response.cancel()
-        self._response = asyncio.create_task(self._respond(segment))
+        early = None
+        if self._early is not None and self._early[0] == segment.end_position:
+            early, self._early = self._early[1], None
+        self._drop_early()
+        self._response = asyncio.create_task(self._respond(segment, early))
 
     # -- one response -----------------------------------------------------------------------
 
-    async def _respond(self, segment: TurnSegment) -> None:
+    async def _respond(
+        self, segment: TurnSegment, early: asyncio.Task[Transcript] | None = None
+    ) -> None:
         clock = TurnClock(segment.speech_ended_at)
         clock.mark("endpoint", segment.detected_at)
-        audio = segment.audio
-        if self._unheard_audio is not None:
-            audio = np.concatenate([self._unheard_audio, audio])
+        audio = self._caller_audio(segment.audio)
         self._unheard_audio = audio
-        transcript = await self.stt.transcribe(audio)
+        try:
+            # The same audio was handed to STT when the caller paused, unless speech resumed.
+            transcript = await (early or self.stt.transcribe(audio))
+        finally:
+            if early is not None:
+                early.cancel()
         clock.mark("stt")
         self._unheard_audio = None
         said = " ".join(part for part in (self._unanswered, transcript.text.strip()) if part)

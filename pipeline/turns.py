@@ -63,6 +63,12 @@ class TurnSettings(BaseModel):
         default=150, ge=0, description="Audio kept after the last voiced window."
     )
     max_turn_s: float = Field(default=30.0, gt=0.0, description="A longer turn is cut here.")
+    pause_ms: int = Field(
+        default=200,
+        ge=0,
+        description="Trailing silence after which TurnPause offers the words so far for an "
+        "early transcription (0: never). Ignored when not below end_silence_ms.",
+    )
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,18 @@ class SpeechStarted:
 
 
 @dataclass(frozen=True)
+class TurnPause:
+    """The caller paused: the turn may be over. Its audio so far, for an early transcription.
+
+    If the turn then ends with no more speech, its `TurnSegment` has the same `end_position`
+    and the same audio, so a transcript of this one can stand for it.
+    """
+
+    audio: np.ndarray
+    end_position: int
+
+
+@dataclass(frozen=True)
 class TurnSegment:
     """One finished caller turn."""
 
@@ -80,6 +98,7 @@ class TurnSegment:
     speech_started_at: float
     speech_ended_at: float  # start of the trailing silence: the zero of a turn
     detected_at: float  # when end-of-turn was decided (the `at` of the deciding chunk)
+    end_position: int = 0  # samples since the call began where the speech ended
 
 
 _session: ort.InferenceSession | None = None
@@ -172,15 +191,16 @@ class TurnDetector:
         self._onset_at = 0.0  # its time, fixed when SpeechStarted is emitted
         self._started = False  # SpeechStarted emitted for the current onset
         self._silence_from: int | None = None  # position where the trailing silence began
+        self._paused = False  # TurnPause emitted for the current silence
 
-    def push(self, pcm: np.ndarray, at: float) -> list[SpeechStarted | TurnSegment]:
+    def push(self, pcm: np.ndarray, at: float) -> list[SpeechStarted | TurnPause | TurnSegment]:
         """Feed int16 16 kHz mono audio; `at` is the monotonic time its last sample arrived."""
         samples = np.array(pcm, dtype=np.int16).reshape(-1)  # a copy: callers reuse buffers
         self._tape.append(samples)
         self._received += len(samples)
         self._last_at = at
         self._pending = np.concatenate([self._pending, samples.astype(np.float32) / 32768.0])
-        events: list[SpeechStarted | TurnSegment] = []
+        events: list[SpeechStarted | TurnPause | TurnSegment] = []
         while len(self._pending) >= WINDOW:
             window, self._pending = self._pending[:WINDOW], self._pending[WINDOW:]
             start = self._analysed
@@ -193,18 +213,19 @@ class TurnDetector:
             self._tape.drop_before(keep)
         return events
 
-    def _step(self, start: int, prob: float) -> SpeechStarted | TurnSegment | None:
+    def _step(self, start: int, prob: float) -> SpeechStarted | TurnPause | TurnSegment | None:
         s = self.settings
         end = start + WINDOW
         voiced = prob >= s.threshold
         silent = prob < s.threshold - HYSTERESIS
         if self._onset is None:
             if voiced:
-                self._onset, self._silence_from = start, None
+                self._onset, self._silence_from, self._paused = start, None, False
                 return self._maybe_started(end)
             return None
         if voiced:
             self._silence_from = None
+            self._paused = False
         elif silent and self._silence_from is None:
             self._silence_from = start
         if not self._started:
@@ -216,6 +237,14 @@ class TurnDetector:
             s.end_silence_ms
         ):
             return self._finish(self._silence_from)
+        if (
+            self._silence_from is not None
+            and not self._paused
+            and 0 < s.pause_ms < s.end_silence_ms
+            and end - self._silence_from >= self._ms(s.pause_ms)
+        ):
+            self._paused = True
+            return TurnPause(self._segment_audio(self._silence_from), self._silence_from)
         if end - self._onset >= self._ms(round(s.max_turn_s * 1000)):
             return self._finish(self._silence_from if self._silence_from is not None else end)
         return None
@@ -231,17 +260,24 @@ class TurnDetector:
     def _finish(self, speech_end: int) -> TurnSegment | None:
         assert self._onset is not None
         onset, s = self._onset, self.settings
-        self._onset, self._started, self._silence_from = None, False, None
         if speech_end - onset < self._ms(s.min_speech_ms):
+            self._onset, self._started, self._silence_from = None, False, None
             return None
-        audio = self._tape.slice(
-            onset - self._ms(s.pre_roll_ms), speech_end + self._ms(s.post_roll_ms)
-        )
+        audio = self._segment_audio(speech_end)
+        self._onset, self._started, self._silence_from = None, False, None
         return TurnSegment(
             audio=audio,
             speech_started_at=self._onset_at,
             speech_ended_at=self._time_of(speech_end),
             detected_at=self._last_at,
+            end_position=speech_end,
+        )
+
+    def _segment_audio(self, speech_end: int) -> np.ndarray:
+        assert self._onset is not None
+        s = self.settings
+        return self._tape.slice(
+            self._onset - self._ms(s.pre_roll_ms), speech_end + self._ms(s.post_roll_ms)
         )
 
     def _time_of(self, position: int) -> float:

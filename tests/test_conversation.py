@@ -34,8 +34,10 @@ class ScriptedSTT:
         self.texts = list(texts)
         self.delay_s = delay_s
         self.heard_seconds: list[float] = []
+        self.called_at: list[float] = []
 
     async def transcribe(self, audio: PCM) -> Transcript:
+        self.called_at.append(time.monotonic())
         await asyncio.sleep(self.delay_s)
         self.heard_seconds.append(len(audio) / SAMPLE_RATE)
         return Transcript(self.texts.pop(0), len(audio) / SAMPLE_RATE, self.delay_s)
@@ -189,9 +191,8 @@ def utterance(text: str) -> PCM:
 async def test_a_turn_is_answered_and_timed_in_order() -> None:
     line = PhoneLine()
     llm = ScriptedLLM(["Sure. A table for two at seven."])
-    conversation = Conversation(
-        "c1", line, stt=ScriptedSTT(["table for two"]), llm=llm, tts=ToneTTS()
-    )
+    stt = ScriptedSTT(["table for two"], delay_s=0.2)
+    conversation = Conversation("c1", line, stt=stt, llm=llm, tts=ToneTTS())
 
     async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
         async for event in speak(utterance("A table for two at seven please")):
@@ -206,6 +207,9 @@ async def test_a_turn_is_answered_and_timed_in_order() -> None:
 
     [record] = conversation.records
     assert record.caller_text == "table for two"
+    # Transcription (200 ms here) began at the caller's pause, so it was ready at the endpoint.
+    assert len(stt.called_at) == 1
+    assert record.timings_ms["stt"] - record.timings_ms["endpoint"] < 100
     assert record.reply_text == "Sure. A table for two at seven."
     assert not record.interrupted
     stages = list(record.timings_ms)

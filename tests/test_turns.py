@@ -7,22 +7,31 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.turns import SpeechStarted, TurnDetector, TurnSegment, TurnSettings
+from pipeline.turns import SpeechStarted, TurnDetector, TurnPause, TurnSegment, TurnSettings
 from tests.speech import RATE, concat, espeak, noise, silence
 
 T0 = 1000.0  # arbitrary monotonic origin: nothing may assume the clock starts at zero
 BOOKING = "I would like to book a table, for two people, at seven"
-Event = SpeechStarted | TurnSegment
+Event = SpeechStarted | TurnPause | TurnSegment
 
 
-def run(detector: TurnDetector, pcm: np.ndarray, chunk: int = 320) -> list[tuple[int, Event]]:
-    """Feed `pcm` in `chunk`-sample pieces; each event with the samples pushed when it came."""
+def run(
+    detector: TurnDetector, pcm: np.ndarray, chunk: int = 320, pauses: bool = False
+) -> list[tuple[int, Event]]:
+    """Feed `pcm` in `chunk`-sample pieces; each event with the samples pushed when it came.
+
+    TurnPause events are left out unless `pauses` is set.
+    """
     out: list[tuple[int, Event]] = []
     pushed = 0
     for start in range(0, len(pcm), chunk):
         piece = pcm[start : start + chunk]
         pushed += len(piece)
-        out += [(pushed, e) for e in detector.push(piece, T0 + pushed / RATE)]
+        out += [
+            (pushed, e)
+            for e in detector.push(piece, T0 + pushed / RATE)
+            if pauses or not isinstance(e, TurnPause)
+        ]
     return out
 
 
@@ -179,7 +188,7 @@ def test_interleaved_calls_keep_their_own_state() -> None:
     b = concat(silence(900), espeak("Cancel my order please", "en-gb"), silence(1500))
     n = max(len(a), len(b))
     a, b = concat(a, np.zeros(n - len(a), np.int16)), concat(b, np.zeros(n - len(b), np.int16))
-    alone_a, alone_b = run(TurnDetector(), a), run(TurnDetector(), b)
+    alone_a, alone_b = run(TurnDetector(), a, pauses=True), run(TurnDetector(), b, pauses=True)
 
     det_a, det_b = TurnDetector(), TurnDetector()
     both_a: list[tuple[int, Event]] = []
@@ -190,11 +199,12 @@ def test_interleaved_calls_keep_their_own_state() -> None:
         both_a += [(pushed, e) for e in det_a.push(a[start:pushed], at)]
         both_b += [(pushed, e) for e in det_b.push(b[start:pushed], at)]
 
-    assert kinds(alone_a) == kinds(alone_b) == ["SpeechStarted", "TurnSegment"]
+    assert kinds(alone_a)[0] == kinds(alone_b)[0] == "SpeechStarted"
+    assert kinds(alone_a)[-1] == kinds(alone_b)[-1] == "TurnSegment"
     for together, alone in ((both_a, alone_a), (both_b, alone_b)):
         assert [p for p, _ in together] == [p for p, _ in alone]
         assert together[0][1] == alone[0][1]  # SpeechStarted: same back-dated onset
-        turn, expected = together[1][1], alone[1][1]
+        turn, expected = together[-1][1], alone[-1][1]
         assert isinstance(turn, TurnSegment) and isinstance(expected, TurnSegment)
         assert np.array_equal(turn.audio, expected.audio)
 
@@ -227,3 +237,35 @@ def test_a_turn_longer_than_max_turn_is_cut() -> None:
     for turn in turns:
         assert turn.speech_ended_at - turn.speech_started_at <= 2.0 + 0.032
     assert kinds(events)[0] == "SpeechStarted"
+
+
+def test_a_pause_offers_the_same_audio_as_the_turn_that_follows() -> None:
+    pcm = concat(silence(500), espeak("Book me a taxi"), silence(1000))
+    events = run(TurnDetector(), pcm, pauses=True)
+
+    assert kinds(events) == ["SpeechStarted", "TurnPause", "TurnSegment"]
+    (paused_after, pause), (ended_after, turn) = events[1], events[2]
+    assert isinstance(pause, TurnPause) and isinstance(turn, TurnSegment)
+    assert pause.end_position == turn.end_position
+    assert np.array_equal(pause.audio, turn.audio)
+    # Offered 300 ms (end_silence_ms - pause_ms) of audio before the turn is decided.
+    assert (ended_after - paused_after) / RATE == pytest.approx(0.3, abs=0.04)
+
+
+def test_speech_resuming_after_a_pause_moves_the_turn_end() -> None:
+    first, rest = espeak("I would like"), espeak("a table for two")
+    pcm = concat(silence(500), first, silence(100), rest, silence(1000))
+    events = run(TurnDetector(), pcm, pauses=True)
+
+    assert [k for k in kinds(events) if k != "TurnPause"] == ["SpeechStarted", "TurnSegment"]
+    pauses = [e for _, e in events if isinstance(e, TurnPause)]
+    turn = events[-1][1]
+    assert isinstance(turn, TurnSegment)
+    assert len(pauses) == 2
+    assert pauses[0].end_position < pauses[1].end_position == turn.end_position
+
+
+def test_pause_off_gives_no_pause_events() -> None:
+    pcm = concat(silence(500), espeak("Book me a taxi"), silence(1000))
+    events = run(TurnDetector(TurnSettings(pause_ms=0)), pcm, pauses=True)
+    assert kinds(events) == ["SpeechStarted", "TurnSegment"]
