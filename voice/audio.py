@@ -53,3 +53,64 @@ def frames(pcm: PCM, size: int = FRAME_SAMPLES) -> Iterator[PCM]:
         if len(frame) < size:
             frame = np.concatenate([frame, np.zeros(size - len(frame), dtype=np.int16)])
         yield frame
+
+
+# -- G.711 μ-law (telephone audio), without the deprecated `audioop` ------------------------
+
+_BIAS = 0x84
+_CLIP = 32635
+
+
+def _mulaw_encode_table() -> npt.NDArray[np.uint8]:
+    """μ-law byte for every int16 value (index: value + 32768), per ITU-T G.711."""
+    pcm = np.arange(-32768, 32768, dtype=np.int32)
+    sign = np.where(pcm < 0, 0x80, 0x00)
+    magnitude = np.minimum(np.abs(pcm), _CLIP) + _BIAS
+    exponent = np.floor(np.log2(magnitude)).astype(np.int32) - 7
+    mantissa = (magnitude >> (exponent + 3)) & 0x0F
+    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
+
+
+def _mulaw_decode_table() -> npt.NDArray[np.int16]:
+    """int16 value of every μ-law byte."""
+    byte = ~np.arange(256, dtype=np.int32) & 0xFF
+    sign = byte & 0x80
+    exponent = (byte >> 4) & 0x07
+    mantissa = byte & 0x0F
+    magnitude = (((mantissa << 3) + _BIAS) << exponent) - _BIAS
+    return np.where(sign != 0, -magnitude, magnitude).astype(np.int16)
+
+
+_MULAW_ENCODE = _mulaw_encode_table()
+_MULAW_DECODE = _mulaw_decode_table()
+
+
+def mulaw_encode(pcm: PCM) -> bytes:
+    """int16 samples to G.711 μ-law bytes (one byte per sample)."""
+    index = np.asarray(pcm, dtype=np.int16).astype(np.int32) + 32768
+    return _MULAW_ENCODE[index].tobytes()
+
+
+def mulaw_decode(data: bytes) -> PCM:
+    """G.711 μ-law bytes to int16 samples."""
+    return _MULAW_DECODE[np.frombuffer(data, dtype=np.uint8)]
+
+
+class StreamResampler:
+    """One direction of one call: int16 mono from `source_rate` to `target_rate`, keeping the
+    filter state across chunks (soxr.ResampleStream), so chunk edges add no clicks."""
+
+    def __init__(self, source_rate: int, target_rate: int) -> None:
+        self.source_rate = source_rate
+        self.target_rate = target_rate
+        self._stream = (
+            None
+            if source_rate == target_rate
+            else soxr.ResampleStream(source_rate, target_rate, 1, dtype="int16")
+        )
+
+    def __call__(self, pcm: PCM, last: bool = False) -> PCM:
+        if self._stream is None:
+            return np.asarray(pcm, dtype=np.int16)
+        out: PCM = self._stream.resample_chunk(np.asarray(pcm, dtype=np.int16), last=last)
+        return out
