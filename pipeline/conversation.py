@@ -86,6 +86,8 @@ class ConversationSettings(BaseModel):
     """How a call behaves, apart from its models."""
 
     greeting: str | None = None  # spoken when the call starts, if set
+    # Keys pressed within this long of each other make one keypad turn ("#" ends it at once).
+    keypad_timeout_s: float = 1.5
 
 
 @dataclass
@@ -134,7 +136,10 @@ class Conversation:
         turn_settings: TurnSettings | None = None,
         sentence_settings: SentenceSettings | None = None,
         on_turn: Callable[[TurnRecord], None] | None = None,
+        on_key: Callable[[str], bool] | None = None,
     ) -> None:
+        """`on_key(digit)` sees each DTMF key first; returning True consumes it (e.g. "0" for a
+        person); other keys are collected into a keypad turn that the LLM answers."""
         self.call_id = call_id
         self.transport = transport
         self.stt = stt
@@ -147,6 +152,9 @@ class Conversation:
         self.records: list[TurnRecord] = []
         self.barge_ins: list[float] = []  # monotonic speech onsets that interrupted a reply
         self._on_turn = on_turn
+        self._on_key = on_key
+        self._keypad: list[str] = []
+        self._keypad_timer: asyncio.TimerHandle | None = None
         self._response: asyncio.Task[None] | None = None
         # Caller speech whose reply was cut off before any of it played: it is answered together
         # with the next turn (as audio if it was cut during STT, else as text).
@@ -162,7 +170,7 @@ class Conversation:
         log.info("call %s: conversation started", self.call_id)
         try:
             if self.settings.greeting:
-                self._response = asyncio.create_task(self._greet(self.settings.greeting))
+                self._response = asyncio.create_task(self._announce(self.settings.greeting))
             async for event in self.transport.inbound():
                 if isinstance(event, AudioIn):
                     for found in self.detector.push(event.pcm, event.at):
@@ -173,12 +181,13 @@ class Conversation:
                         else:
                             self._start_response(found)
                 elif isinstance(event, Dtmf):
-                    log.info("call %s: DTMF %s", self.call_id, event.digit)
-                    self.transport.send_event({"type": "dtmf", "digit": event.digit})
+                    await self._key_pressed(event.digit)
                 elif isinstance(event, HangUp):
                     log.info("call %s: hang-up (%s)", self.call_id, event.reason)
                     break
         finally:
+            if self._keypad_timer is not None:
+                self._keypad_timer.cancel()
             self._drop_early()
             await self._stop_response()
             log.info("call %s: conversation ended after %d turns", self.call_id, len(self.records))
@@ -195,8 +204,46 @@ class Conversation:
             started.at,
         )
         self.barge_ins.append(started.at)
+        await self._interrupt()
+
+    async def _interrupt(self) -> None:
+        """Silence the reply at once, then stop the response task."""
         await self.transport.clear()
         await self._stop_response()
+
+    async def say(self, text: str) -> None:
+        """Speak `text` into the call now, cutting off any reply in progress."""
+        await self._interrupt()
+        self._response = asyncio.create_task(self._announce(text))
+
+    # -- keypad -----------------------------------------------------------------------------
+
+    async def _key_pressed(self, digit: str) -> None:
+        log.info("call %s: DTMF %s", self.call_id, digit)
+        self.transport.send_event({"type": "dtmf", "digit": digit})
+        if self._on_key is not None and self._on_key(digit):
+            return
+        if not self._keypad and self._response is not None and not self._response.done():
+            await self._interrupt()  # a key press cuts the reply short, as speech does
+        if self._keypad_timer is not None:
+            self._keypad_timer.cancel()
+        if digit != "#":
+            self._keypad.append(digit)
+        if digit == "#" or len(self._keypad) >= 32:
+            self._keypad_turn()
+        else:
+            loop = asyncio.get_running_loop()
+            self._keypad_timer = loop.call_later(self.settings.keypad_timeout_s, self._keypad_turn)
+
+    def _keypad_turn(self) -> None:
+        """The keys pressed so far become one caller turn, as text for the LLM."""
+        digits, self._keypad, self._keypad_timer = self._keypad, [], None
+        if not digits:
+            return
+        if self._response is not None and not self._response.done():
+            self._response.cancel()
+        text = f"(The caller pressed {' '.join(digits)} on the keypad.)"
+        self._response = asyncio.create_task(self._reply(text, TurnClock(time.monotonic()), None))
 
     async def _stop_response(self) -> None:
         task, self._response = self._response, None
@@ -255,6 +302,10 @@ class Conversation:
         if not transcript.text.strip():
             log.info("call %s: empty transcript, no reply", self.call_id)
             return
+        await self._reply(said, clock, round(transcript.inference_s * 1e3, 1))
+
+    async def _reply(self, said: str, clock: TurnClock, stt_ms: float | None) -> None:
+        """Answer what the caller said (or keyed in): LLM -> sentences -> TTS -> transport."""
         self._unanswered = ""
         turn = len(self.records) + 1
         self.transport.send_event(
@@ -285,7 +336,7 @@ class Conversation:
                 watcher.cancel()
             await stream.aclose()
             self._finish_turn(
-                turn, said, spoken, "".join(generated), finished, clock, transcript, stream
+                turn, said, spoken, "".join(generated), finished, clock, stt_ms, stream
             )
 
     async def _speak(
@@ -307,8 +358,8 @@ class Conversation:
 
     async def _watch_first_audio(self, start: int, clock: TurnClock) -> None:
         with contextlib.suppress(PlaybackCleared):
-            # The first 20 ms frame of the reply has gone out once playback passes its start.
-            clock.mark("first_audio", await self.transport.wait_played(start + 1))
+            # The first 20 ms frame of the reply has gone out once sending passes its start.
+            clock.mark("first_audio", await self.transport.wait_sent(start + 1))
 
     def _finish_turn(
         self,
@@ -318,7 +369,7 @@ class Conversation:
         generated: str,
         finished: bool,
         clock: TurnClock,
-        transcript: Transcript,
+        stt_ms: float | None,
         stream: ReplyStream,
     ) -> None:
         heard = heard_text(spoken, self.transport.played_samples)
@@ -347,7 +398,7 @@ class Conversation:
             tier_used=stream.service_tier,
             reason="fixed by settings",
             timings_ms=clock.ms(),
-            stt_inference_ms=round(transcript.inference_s * 1e3, 1),
+            stt_inference_ms=stt_ms,
             llm_ttft_ms=ttft,
             reasoning_tokens=stream.reasoning_tokens,
             output_tokens=stream.output_tokens,
@@ -374,7 +425,8 @@ class Conversation:
         if self._on_turn is not None:
             self._on_turn(record)
 
-    async def _greet(self, text: str) -> None:
+    async def _announce(self, text: str) -> None:
+        """Speak a fixed text (greeting, operator message); history keeps what was heard."""
         spoken: list[_Spoken] = []
         watcher = None
         try:

@@ -82,6 +82,17 @@ class Transport(Protocol):
         """
         ...
 
+    async def wait_sent(self, position: int) -> float:
+        """Wait until the audio up to `position` has left for the caller; returns when it did.
+
+        Raises `PlaybackCleared` if `clear()` dropped that position first.
+        """
+        ...
+
+    def hang_up(self, reason: str) -> None:
+        """Ask the call to end: `inbound()` yields `HangUp(reason)` and finishes."""
+        ...
+
     def send_event(self, event: dict[str, object]) -> None:
         """Best-effort notification to the caller's UI (transcripts, turn timings)."""
         ...

@@ -51,18 +51,19 @@ def start_server(extra_env: dict[str, str] | None = None, timeout_s: float = 120
     )
     server = Server(f"http://127.0.0.1:{port}", process)
     ready = threading.Event()
+    listening = f"Uvicorn running on http://127.0.0.1:{port}"  # the embedded LLM logs its own
 
     def pump() -> None:
         assert process.stdout is not None
         for line in process.stdout:
             server.log.append(line.rstrip())
-            if "Application startup complete" in line:
+            if listening in line:
                 ready.set()
         ready.set()  # the process ended: stop waiting
 
     threading.Thread(target=pump, daemon=True).start()
     ready.wait(timeout_s)
-    if process.poll() is not None or not any("startup complete" in line for line in server.log):
+    if process.poll() is not None or not any(listening in line for line in server.log):
         process.kill()
         raise RuntimeError("hotline serve did not start:\n" + "\n".join(server.log[-40:]))
     return server

@@ -22,6 +22,7 @@ from pipeline.transport import (
     PCM,
     SAMPLE_RATE,
     AudioIn,
+    Dtmf,
     HangUp,
     InboundEvent,
     PlaybackCleared,
@@ -163,6 +164,12 @@ class PhoneLine:
             return due
         raise PlaybackCleared
 
+    async def wait_sent(self, position: int) -> float:
+        return await self.wait_played(position)  # a line plays what it is sent at once
+
+    def hang_up(self, reason: str) -> None:
+        raise AssertionError("the conversation never hangs up by itself")
+
     def send_event(self, event: dict[str, object]) -> None:
         self.events.append(event)
 
@@ -300,3 +307,42 @@ def test_heard_text_cuts_the_sentence_playing_at_the_played_share() -> None:
     assert heard_text(spoken, 300) == "One two three."
     assert heard_text(spoken, 500) == "One two three. Four five —"
     assert heard_text(spoken, 700) == "One two three. Four five six seven."
+
+
+async def test_keypad_digits_become_one_turn_and_a_handler_can_take_a_key() -> None:
+    line = PhoneLine()
+    llm = ScriptedLLM(["Order one two three is on its way."])
+    answered = asyncio.Event()
+    handled: list[str] = []
+
+    def on_key(digit: str) -> bool:
+        if digit == "0":
+            handled.append(digit)
+            return True
+        return False
+
+    conversation = Conversation(
+        "c4",
+        line,
+        stt=ScriptedSTT([]),
+        llm=llm,
+        tts=ToneTTS(),
+        on_turn=lambda record: answered.set(),
+        on_key=on_key,
+    )
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        for digit in "0123#":
+            yield Dtmf(digit, time.monotonic())
+        await answered.wait()
+        yield HangUp("done")
+
+    line.script = caller
+    await conversation.run()
+
+    assert handled == ["0"]
+    [record] = conversation.records
+    assert record.caller_text == "(The caller pressed 1 2 3 on the keypad.)"
+    assert record.reply_text == "Order one two three is on its way."
+    assert llm.requests[0][-1].content == record.caller_text
+    assert [e["digit"] for e in line.events if e["type"] == "dtmf"] == list("0123#")

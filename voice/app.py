@@ -6,13 +6,15 @@ import asyncio
 import contextlib
 import json
 import logging
+import resource
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qsl
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from pipeline.llm import LLMClient
 from pipeline.simulator import running_simulator
@@ -20,6 +22,10 @@ from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
 from voice.calls import CallsFull, Switchboard
 from voice.settings import Settings
+from voice.telephony import BadMessages, PhoneStream, ProtocolFactory, pump, wait_for_start
+from voice.telnyx import TelnyxProtocol
+from voice.twilio import TwilioProtocol, reject_twiml, signature_is_valid, stream_twiml
+from voice.vonage import VonageProtocol
 from voice.webrtc import WebRTCCall, restrict_ice_host_addresses, shorten_jitter_buffer
 
 log = logging.getLogger(__name__)
@@ -47,15 +53,68 @@ async def read_json_body(request: Request, limit: int) -> dict[str, Any] | JSONR
     return data
 
 
+def _rss_bytes() -> int:
+    """Resident set size now (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return 0
+
+
+def public_url(request: Request, settings: Settings) -> str:
+    """The URL of this request as the provider called it (for signatures and links)."""
+    base = settings.telephony.public_url
+    if base is None:
+        proto = request.headers.get("x-forwarded-proto", request.url.scheme)
+        host = request.headers.get("x-forwarded-host", request.headers.get("host", "localhost"))
+        base = f"{proto}://{host}"
+    url = base.rstrip("/") + request.url.path
+    return f"{url}?{request.url.query}" if request.url.query else url
+
+
+def xml(body: str, status: int = 200) -> Response:
+    return Response(body, status_code=status, media_type="application/xml")
+
+
+async def answer_phone_stream(
+    websocket: WebSocket, board: Switchboard, protocol_factory: ProtocolFactory, route: str
+) -> None:
+    """One provider media websocket, from its start message to hang-up."""
+    await websocket.accept()
+    protocol = protocol_factory()
+    bad = BadMessages(route)
+    start = await wait_for_start(websocket, protocol, bad)
+    if start is None:
+        return
+    try:
+        call_id = board.new_call_id(start.call_id or None)
+    except CallsFull as full:
+        log.warning("%s: call %s refused: %s", route, start.call_id, full)
+        await websocket.close(1013, "at capacity")
+        return
+    stream = PhoneStream(
+        call_id, websocket, protocol, start, lead_s=board.settings.telephony.lead_ms / 1e3
+    )
+    call = board.start(call_id, stream, protocol.name, caller=start.caller, callee=start.callee)
+    await pump(stream, bad)
+    if call.task is not None:
+        await call.task
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     if settings.webrtc.ice_host_addresses:
         restrict_ice_host_addresses(settings.webrtc.ice_host_addresses)
     stt = SpeechToText.shared(settings.stt)
+    phone_stt = SpeechToText.shared(settings.phone_stt)
     tts = TextToSpeech.shared(settings.tts)
     if settings.warm_up:
-        await asyncio.gather(asyncio.to_thread(stt.warm_up), asyncio.to_thread(tts.warm_up))
+        models = {id(m): m for m in (stt, phone_stt)}.values()  # one warm-up per model
+        await asyncio.gather(
+            *(asyncio.to_thread(m.warm_up) for m in models), asyncio.to_thread(tts.warm_up)
+        )
     async with contextlib.AsyncExitStack() as stack:
         base_url = settings.llm.base_url
         if base_url is None:
@@ -67,7 +126,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             )
         llm = LLMClient(settings.llm, base_url=base_url)
         stack.push_async_callback(llm.aclose)
-        switchboard = Switchboard(settings, stt=stt, llm=llm, tts=tts)
+        switchboard = Switchboard(settings, stt=stt, phone_stt=phone_stt, llm=llm, tts=tts)
         app.state.switchboard = switchboard
         log.info("Hotline ready: %d calls at most", settings.max_calls)
         try:
@@ -92,7 +151,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/healthz")
     async def health(request: Request) -> dict[str, object]:
-        return {"status": "ok", "active_calls": len(switchboard(request).active)}
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {
+            "status": "ok",
+            "active_calls": len(switchboard(request).active),
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+            "rss_mb": round(_rss_bytes() / 2**20, 1),
+            "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux reports KiB
+        }
 
     @app.post("/offer")
     async def offer(request: Request) -> JSONResponse:
@@ -122,9 +188,55 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except Exception as exc:  # aiortc raises many kinds on bad SDP
             await transport.close()
             return error(400, f"malformed SDP offer: {exc}")
-        board.start(transport, "webrtc")
+        board.start(call_id, transport, "webrtc")
         answer = pc.localDescription
         return JSONResponse({"sdp": answer.sdp, "type": answer.type, "call_id": call_id})
+
+    @app.post("/twilio/voice")
+    async def twilio_voice(request: Request) -> Response:
+        """Twilio's voice webhook: connect the call's audio to our media stream."""
+        settings: Settings = request.app.state.settings
+        body = await request.body()
+        if len(body) > settings.max_body_bytes:
+            return error(413, f"body larger than {settings.max_body_bytes} bytes")
+        params = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+        token = settings.telephony.twilio_auth_token
+        if token is not None:
+            url = public_url(request, settings)
+            signature = request.headers.get("x-twilio-signature")
+            if not signature_is_valid(token.get_secret_value(), url, params, signature):
+                log.warning("twilio webhook: bad or missing signature for %s", url)
+                return xml("<Response/>", 403)
+        board = switchboard(request)
+        if board.full:
+            log.warning("twilio webhook: at capacity, call %s rejected", params.get("CallSid"))
+            return xml(reject_twiml(settings.telephony.busy_message))
+        stream_url = public_url(request, settings).split("?")[0].rsplit("/twilio/", 1)[0]
+        stream_url = stream_url.replace("https://", "wss://").replace("http://", "ws://")
+        parameters = {
+            key: params[name]
+            for key, name in (("from", "From"), ("to", "To"), ("call_sid", "CallSid"))
+            if params.get(name)
+        }
+        return xml(stream_twiml(f"{stream_url}/twilio/stream", parameters))
+
+    @app.websocket("/twilio/stream")
+    async def twilio_stream(websocket: WebSocket) -> None:
+        await answer_phone_stream(
+            websocket, websocket.app.state.switchboard, TwilioProtocol, "/twilio/stream"
+        )
+
+    @app.websocket("/telnyx/stream")
+    async def telnyx_stream(websocket: WebSocket) -> None:
+        await answer_phone_stream(
+            websocket, websocket.app.state.switchboard, TelnyxProtocol, "/telnyx/stream"
+        )
+
+    @app.websocket("/vonage/stream")
+    async def vonage_stream(websocket: WebSocket) -> None:
+        await answer_phone_stream(
+            websocket, websocket.app.state.switchboard, VonageProtocol, "/vonage/stream"
+        )
 
     @app.get("/calls")
     async def calls(request: Request) -> dict[str, object]:

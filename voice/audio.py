@@ -68,7 +68,8 @@ def _mulaw_encode_table() -> npt.NDArray[np.uint8]:
     magnitude = np.minimum(np.abs(pcm), _CLIP) + _BIAS
     exponent = np.floor(np.log2(magnitude)).astype(np.int32) - 7
     mantissa = (magnitude >> (exponent + 3)) & 0x0F
-    return (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
+    table: npt.NDArray[np.uint8] = (~(sign | (exponent << 4) | mantissa) & 0xFF).astype(np.uint8)
+    return table
 
 
 def _mulaw_decode_table() -> npt.NDArray[np.int16]:

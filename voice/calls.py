@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from pipeline.conversation import Conversation, LanguageModel, SpeechRecognizer, SpeechSynthesizer
 from pipeline.records import TurnRecord
+from pipeline.transport import Transport
 from voice.settings import Settings
-from voice.webrtc import WebRTCCall
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +27,11 @@ class Call:
     call_id: str
     transport: str
     conversation: Conversation
+    caller: str | None = None
+    callee: str | None = None
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
+    wants_human: bool = False  # the caller asked for a person (keypad)
     task: asyncio.Task[None] | None = None
 
     @property
@@ -39,10 +42,13 @@ class Call:
         return {
             "call_id": self.call_id,
             "transport": self.transport,
+            "caller": self.caller,
+            "callee": self.callee,
             "state": self.state,
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "turns": len(self.conversation.records),
+            "wants_human": self.wants_human,
         }
 
     def detail(self) -> dict[str, object]:
@@ -65,44 +71,65 @@ class Switchboard:
         settings: Settings,
         *,
         stt: SpeechRecognizer,
+        phone_stt: SpeechRecognizer,
         llm: LanguageModel,
         tts: SpeechSynthesizer,
     ) -> None:
         self.settings = settings
         self.stt = stt
+        self.phone_stt = phone_stt
         self.llm = llm
         self.tts = tts
         self.active: dict[str, Call] = {}
         self.finished: OrderedDict[str, Call] = OrderedDict()
+        self._background: set[asyncio.Task[None]] = set()
 
-    def new_call_id(self) -> str:
-        if len(self.active) >= self.settings.max_calls:
+    @property
+    def full(self) -> bool:
+        return len(self.active) >= self.settings.max_calls
+
+    def new_call_id(self, preferred: str | None = None) -> str:
+        """An id for a call about to start; CallsFull if this process is at capacity."""
+        if self.full:
             raise CallsFull(f"at capacity ({self.settings.max_calls} calls)")
+        if preferred and preferred not in self.active and preferred not in self.finished:
+            return preferred
         return uuid.uuid4().hex
 
     def get(self, call_id: str) -> Call | None:
         return self.active.get(call_id) or self.finished.get(call_id)
 
-    def start(self, transport: WebRTCCall, kind: str) -> Call:
+    def start(
+        self,
+        call_id: str,
+        transport: Transport,
+        kind: str,
+        *,
+        caller: str | None = None,
+        callee: str | None = None,
+    ) -> Call:
         """Run a conversation over `transport` until the call ends."""
+        calls: list[Call] = []
         conversation = Conversation(
-            transport.call_id,
+            call_id,
             transport,
-            stt=self.stt,
+            stt=self.stt if kind == "webrtc" else self.phone_stt,
             llm=self.llm,
             tts=self.tts,
             settings=self.settings.conversation,
             turn_settings=self.settings.turns,
             sentence_settings=self.settings.sentences,
             on_turn=self._on_turn,
+            on_key=lambda digit: self._on_key(calls[0], digit),
         )
-        call = Call(transport.call_id, kind, conversation)
+        call = Call(call_id, kind, conversation, caller=caller, callee=callee)
+        calls.append(call)
         self.active[call.call_id] = call
         call.task = asyncio.create_task(self._run(call, transport), name=f"call-{call.call_id}")
         log.info("call %s: admitted (%s), %d active", call.call_id, kind, len(self.active))
         return call
 
-    async def _run(self, call: Call, transport: WebRTCCall) -> None:
+    async def _run(self, call: Call, transport: Transport) -> None:
         try:
             await call.conversation.run()
         except Exception:
@@ -116,6 +143,18 @@ class Switchboard:
                 self.finished.popitem(last=False)
             log.info("call %s: ended, %d active", call.call_id, len(self.active))
 
+    def _on_key(self, call: Call, digit: str) -> bool:
+        """Keys the switchboard handles itself; the rest go to the conversation."""
+        if digit != self.settings.telephony.human_digit:
+            return False
+        call.wants_human = True
+        log.info("call %s: caller asked for a person", call.call_id)
+        call.conversation.transport.send_event({"type": "human_requested"})
+        task = asyncio.create_task(call.conversation.say(self.settings.telephony.human_message))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return True
+
     def _on_turn(self, record: TurnRecord) -> None:
         log.debug("turn record: %s", record)
 
@@ -123,9 +162,7 @@ class Switchboard:
         call = self.active.get(call_id)
         if call is None or call.task is None:
             return False
-        transport = call.conversation.transport
-        if isinstance(transport, WebRTCCall):
-            transport.hang_up(reason)
+        call.conversation.transport.hang_up(reason)
         with contextlib.suppress(asyncio.CancelledError):
             await call.task
         return True

@@ -6,7 +6,7 @@ Examples: `HOTLINE_PORT=9000`, `HOTLINE_LLM__BASE_URL=https://api.openai.com/v1`
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.conversation import ConversationSettings
@@ -30,6 +30,22 @@ class WebRTCSettings(BaseModel):
     connect_timeout_s: float = 20.0
 
 
+class TelephonySettings(BaseModel):
+    """Phone calls through a provider's media websocket (Twilio, Telnyx, Vonage)."""
+
+    # Twilio account auth token: when set, every webhook's X-Twilio-Signature is checked.
+    twilio_auth_token: SecretStr | None = None
+    # The server's public base URL as the provider sees it (e.g. https://voice.example.com),
+    # used for signatures and the stream URL; by default taken from the request's headers.
+    public_url: str | None = None
+    # Reply audio sent ahead of the phone's playback; a `clear` silences at most this much.
+    lead_ms: int = 200
+    # Digit that asks for a person instead of the bot ("" to let the LLM handle every key).
+    human_digit: str = "0"
+    human_message: str = "Sure, I will get a person for you. Please stay on the line."
+    busy_message: str = "Sorry, all our lines are busy right now. Please call again later."
+
+
 class Settings(BaseSettings):
     """Everything `hotline serve` can be told."""
 
@@ -43,7 +59,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = 64 * 1024  # largest accepted offer body
     warm_up: bool = True  # load and run every model once before accepting calls
 
-    stt: STTSettings = Field(default_factory=STTSettings)
+    stt: STTSettings = Field(default_factory=STTSettings)  # WebRTC calls (wideband audio)
+    # Phone calls: 8 kHz μ-law audio, where Whisper base is far more accurate than tiny.en
+    # (see README, "Telephone speech recognition").
+    phone_stt: STTSettings = Field(default_factory=lambda: STTSettings(model="base"))
     tts: TTSSettings = Field(default_factory=TTSSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     simulator: SimulatorSettings = Field(default_factory=SimulatorSettings)
@@ -51,3 +70,4 @@ class Settings(BaseSettings):
     sentences: SentenceSettings = Field(default_factory=SentenceSettings)
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
     webrtc: WebRTCSettings = Field(default_factory=WebRTCSettings)
+    telephony: TelephonySettings = Field(default_factory=TelephonySettings)

@@ -277,6 +277,10 @@ class WebRTCCall:
     async def wait_played(self, position: int) -> float:
         return await self.outbound.wait_played(position)
 
+    async def wait_sent(self, position: int) -> float:
+        # Frames leave as they are paced out; a browser plays them on arrival.
+        return await self.outbound.wait_played(position)
+
     def send_event(self, event: dict[str, object]) -> None:
         message = json.dumps(event)
         channel = self._channel

@@ -1,0 +1,151 @@
+"""The benchmark: statistics on hand-made samples, and one small real run against a server."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import pytest
+
+from tests.conftest import Server
+from voice.bench import (
+    DELIVERY,
+    BenchReport,
+    CallSample,
+    Health,
+    TurnSample,
+    match_records,
+    percentile,
+    run_bench,
+    stats,
+    summarize,
+    twilio_stream_url,
+)
+from voice.caller import CallerTurn, CallResult
+
+
+def test_percentiles_interpolate_between_ranks() -> None:
+    values = [500.0, 100.0, 300.0, 200.0, 400.0]
+    assert percentile(values, 50) == 300.0
+    assert percentile(values, 95) == 480.0
+    assert percentile([700.0], 95) == 700.0
+    assert percentile([], 50) is None
+    summary = stats(values)
+    assert (summary.count, summary.p50, summary.p95, summary.max) == (5, 300.0, 480.0, 500.0)
+
+
+def turn(v2v: float | None, **timings: float) -> TurnSample:
+    return TurnSample(v2v, dict(timings))
+
+
+def hand_made_report() -> BenchReport:
+    samples = [
+        CallSample(
+            "a",
+            60.0,
+            2,
+            [turn(800.0, stt=300.0, first_audio=700.0), turn(1000.0, stt=500.0)],
+        ),
+        CallSample("b", 30.0, 2, [turn(600.0, stt=400.0, first_audio=500.0), turn(None)]),
+        CallSample("", 30.0, 2, error="ConnectError()"),
+        CallSample("c", 0.0, 2, [turn(900.0)]),  # hung up after one turn
+    ]
+    return summarize(
+        "http://127.0.0.1:8080",
+        "webrtc",
+        2,
+        samples,
+        before=Health(cpu_s=10.0, rss_mb=400.0, peak_rss_mb=420.0),
+        after=Health(cpu_s=16.0, rss_mb=450.0, peak_rss_mb=500.0),
+        wall_s=61.04,
+    )
+
+
+def test_summary_aggregates_latency_parts_failures_and_cost() -> None:
+    report = hand_made_report()
+
+    assert report.calls == 4
+    assert report.voice_to_voice_ms.count == 4  # the turn with no reply is left out
+    assert report.voice_to_voice_ms.p50 == 850.0
+    assert report.voice_to_voice_ms.max == 1000.0
+    assert set(report.parts_ms) == {"stt", "first_audio"}
+    assert report.parts_ms["stt"].count == 3
+    assert report.parts_ms["stt"].p50 == 400.0
+    assert report.parts_ms["first_audio"].max == 700.0
+    # b has a turn with no reply, the third call broke, c stopped short: a alone succeeded
+    assert report.failures == 3
+    # 6 CPU seconds over 60 + 30 + 30 + 0 call-seconds = 2 call-minutes
+    assert report.server_cpu_s == 6.0
+    assert report.call_minutes == 2.0
+    assert report.cpu_s_per_call_minute == 3.0
+    assert report.server_peak_rss_mb == 500.0
+    assert report.server_rss_mb == 450.0
+    assert report.wall_s == 61.0
+
+
+def test_no_calls_gives_empty_statistics() -> None:
+    report = summarize("u", "twilio", 3, [], Health(1, 1, 1), Health(1, 1, 1), 0.0)
+    assert report.voice_to_voice_ms.count == 0 and report.voice_to_voice_ms.p50 is None
+    assert report.cpu_s_per_call_minute is None
+    assert report.failures == 0
+
+
+def test_report_json_round_trips_and_renders() -> None:
+    report = hand_made_report()
+    assert BenchReport.from_json(report.to_json()) == report
+    assert report.table().row_count == 1 + len(report.parts_ms)
+
+
+def caller_result(*turns: tuple[float, float | None]) -> CallResult:
+    return CallResult(
+        "call",
+        [CallerTurn(onset=end - 1.0, speech_end=end, reply_start=start) for end, start in turns],
+        np.zeros(0, dtype=np.int16),
+    )
+
+
+def test_records_pair_by_order_when_the_counts_agree() -> None:
+    result = caller_result((10.0, 10.8), (20.0, 20.6))
+    records = [
+        {"started_at": 0.0, "timings_ms": {"stt": 300.0, "first_audio": 700.0}},
+        {"started_at": 0.0, "timings_ms": {"stt": 350.0}},
+    ]
+    paired = match_records(result, records, clock_offset_s=1000.0)
+    assert paired[0] == TurnSample(800.0, {"stt": 300.0, "first_audio": 700.0, DELIVERY: 100.0})
+    assert paired[1] == TurnSample(600.0, {"stt": 350.0})
+
+
+def test_records_pair_by_time_when_the_server_heard_other_turns() -> None:
+    # the server split the first utterance in two; wall clock = monotonic + 1000
+    result = caller_result((10.0, 10.8), (20.0, None))
+    records = [
+        {"started_at": 1009.2, "timings_ms": {"stt": 100.0}},
+        {"started_at": 1010.05, "timings_ms": {"stt": 300.0}},
+        {"started_at": 1030.0, "timings_ms": {"stt": 999.0}},
+    ]
+    paired = match_records(result, records, clock_offset_s=1000.0)
+    assert paired[0].timings_ms == {"stt": 300.0}
+    assert paired[1] == TurnSample(None, {})  # nothing near its end of speech
+
+
+def test_twilio_stream_url_follows_the_server_url() -> None:
+    assert twilio_stream_url("http://127.0.0.1:8185/") == "ws://127.0.0.1:8185/twilio/stream"
+    assert twilio_stream_url("https://hotline.example") == "wss://hotline.example/twilio/stream"
+
+
+@pytest.mark.parametrize("transport", ["webrtc", "twilio"])
+async def test_a_small_real_run(server: Server, transport: Literal["webrtc", "twilio"]) -> None:
+    seen: list[int] = []
+    report = await run_bench(server.url, transport, calls=1, turns=1, progress=seen.append)
+    print(f"\n{report.to_json()}")
+
+    assert report.transport == transport
+    assert report.failures == 0, server.log[-40:]
+    assert report.voice_to_voice_ms.count == 1
+    assert report.voice_to_voice_ms.p50 is not None and report.voice_to_voice_ms.p50 > 0
+    assert {"endpoint", "stt", "llm_first_token", "first_audio"} <= set(report.parts_ms)
+    assert report.samples[0].call_id and report.samples[0].duration_s > 0
+    assert report.server_cpu_s > 0 and report.server_peak_rss_mb > 0
+    assert report.cpu_s_per_call_minute is not None and report.cpu_s_per_call_minute > 0
+    assert seen and seen[-1] == 1 and seen == sorted(seen)
+    assert BenchReport.from_json(report.to_json()) == report

@@ -1,0 +1,374 @@
+"""Phone calls over a provider's media websocket (Twilio, Telnyx, Vonage): one transport, any
+wire protocol.
+
+The protocol module turns websocket messages into events and back; this module owns the
+socket, the per-call resamplers (one `soxr` stream per direction), real-time pacing of reply
+audio (never more than `lead_s` ahead of playback, so that a `clear` silences the phone at
+once) and the played position: a mark after each sentence, echoed by the provider when the
+phone has played it, says exactly how much of the reply the caller heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import numpy as np
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from pipeline.transport import (
+    PCM,
+    SAMPLE_RATE,
+    AudioIn,
+    Dtmf,
+    HangUp,
+    InboundEvent,
+    PlaybackCleared,
+)
+from voice.audio import StreamResampler
+from voice.twilio import Dtmf as WireDtmf
+from voice.twilio import (
+    Ignored,
+    MarkPlayed,
+    Media,
+    ProtocolError,
+    Start,
+    Stop,
+    WireEvent,
+    WireProtocol,
+)
+
+log = logging.getLogger(__name__)
+
+_FRAME_S = 0.02
+_MAX_BAD_MESSAGES = 200  # a socket that sends more unusable messages than this is closed
+
+
+@dataclass
+class _Frame:
+    pcm: PCM  # 20 ms at the wire rate
+    end: int  # outbound position (16 kHz samples) after this frame
+
+
+@dataclass
+class _Mark:
+    name: str
+    position: int
+
+
+async def _send(websocket: WebSocket, message: str | bytes) -> None:
+    if isinstance(message, bytes):
+        await websocket.send_bytes(message)
+    else:
+        await websocket.send_text(message)
+
+
+class PhoneStream:
+    """A `Transport` over one provider media websocket, after its `start` message."""
+
+    def __init__(
+        self,
+        call_id: str,
+        websocket: WebSocket,
+        protocol: WireProtocol,
+        start: Start,
+        lead_s: float = 0.2,
+    ) -> None:
+        self.call_id = call_id
+        self.websocket = websocket
+        self.protocol = protocol
+        self.start = start
+        self.lead_s = lead_s
+        self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
+        self._to_pipeline = StreamResampler(protocol.wire_rate, SAMPLE_RATE)
+        self._to_wire = StreamResampler(SAMPLE_RATE, protocol.wire_rate)
+        self._frame_samples = protocol.frame_samples
+        self._outbox: deque[_Frame | _Mark] = deque()
+        self._outbox_ready = asyncio.Event()
+        self._partial = np.zeros(0, dtype=np.int16)
+        self._queued = 0
+        self._sent = 0
+        self._played = 0
+        self._pending_marks: dict[str, int] = {}  # sent, not yet echoed
+        self._mark_count = 0
+        # Real-time schedule of sent frames: frame n of a burst plays at burst_start + n * 20 ms.
+        self._burst_start = 0.0
+        self._burst_frames = 0
+        self._slots: deque[tuple[float, int]] = deque()  # (plays at, position) for mark-less
+        self._sent_waiters: list[tuple[int, asyncio.Future[float]]] = []
+        self._played_waiters: list[tuple[int, asyncio.Future[float]]] = []
+        self._closed = False
+        self._sender = asyncio.create_task(self._send_loop(), name=f"send-{call_id}")
+
+    # -- inbound (driven by `pump`) -----------------------------------------------------------
+
+    def accept(self, events: list[WireEvent]) -> None:
+        """Hand parsed wire events to the conversation."""
+        for event in events:
+            if isinstance(event, Media):
+                pcm = self._to_pipeline(event.pcm)
+                if pcm.size:
+                    self._inbound.put_nowait(AudioIn(pcm, time.monotonic()))
+            elif isinstance(event, WireDtmf):
+                self._inbound.put_nowait(Dtmf(event.digit, time.monotonic()))
+            elif isinstance(event, MarkPlayed):
+                self._mark_played(event.name)
+            elif isinstance(event, Stop):
+                self.hang_up(f"stop: {event.reason}")
+            elif isinstance(event, Start):
+                log.warning("call %s: second start message ignored", self.call_id)
+            elif isinstance(event, Ignored):
+                pass
+
+    def _mark_played(self, name: str) -> None:
+        position = self._pending_marks.pop(name, None)
+        if position is None:
+            return  # unknown, or pending when the reply was cleared: nothing more was heard
+        self._played = max(self._played, position)
+        self._resolve(self._played_waiters, self._played)
+
+    # -- Transport ---------------------------------------------------------------------------
+
+    async def inbound(self) -> AsyncIterator[InboundEvent]:
+        while True:
+            event = await self._inbound.get()
+            yield event
+            if isinstance(event, HangUp):
+                return
+
+    def play(self, pcm: PCM) -> int:
+        """Queue one sentence of reply audio, then a mark at its end."""
+        if pcm.size == 0 or self._closed:
+            return self._queued
+        wire = np.concatenate([self._partial, self._to_wire(pcm)])
+        whole = len(wire) // self._frame_samples * self._frame_samples
+        frames, self._partial = wire[:whole], wire[whole:]
+        if self._partial.size:  # pad the sentence's last frame rather than hold it back
+            pad = np.zeros(self._frame_samples - self._partial.size, dtype=np.int16)
+            frames = np.concatenate([frames, self._partial, pad])
+            self._partial = np.zeros(0, dtype=np.int16)
+        start, self._queued = self._queued, self._queued + int(pcm.size)
+        count = len(frames) // self._frame_samples
+        for index in range(count):
+            chunk = frames[index * self._frame_samples : (index + 1) * self._frame_samples]
+            end = start + round((index + 1) * (self._queued - start) / count)
+            self._outbox.append(_Frame(chunk, end))
+        if self.protocol.supports_marks:
+            self._mark_count += 1
+            self._outbox.append(_Mark(f"hotline-{self._mark_count}", self._queued))
+        self._outbox_ready.set()
+        return self._queued
+
+    async def clear(self) -> None:
+        """Drop unsent audio, tell the provider to drop what it buffered, settle the position."""
+        self._outbox.clear()
+        self._partial = np.zeros(0, dtype=np.int16)
+        self._update_slots()
+        self._pending_marks.clear()  # Twilio echoes pending marks on clear: they were not heard
+        self._slots.clear()
+        self._queued = self._sent = self._played
+        self._burst_frames = 0
+        self._fail(self._sent_waiters)
+        self._fail(self._played_waiters)
+        if not self._closed:
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                await _send(self.websocket, self.protocol.clear())
+
+    @property
+    def played_samples(self) -> int:
+        self._update_slots()
+        return self._played
+
+    @property
+    def queued_samples(self) -> int:
+        return self._queued
+
+    async def wait_played(self, position: int) -> float:
+        return await self._wait(self._played_waiters, position, self.played_samples)
+
+    async def wait_sent(self, position: int) -> float:
+        return await self._wait(self._sent_waiters, position, self._sent)
+
+    def send_event(self, event: dict[str, object]) -> None:
+        pass  # a phone has no screen
+
+    def hang_up(self, reason: str) -> None:
+        self._inbound.put_nowait(HangUp(reason))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._sender.cancel()
+        self._fail(self._sent_waiters)
+        self._fail(self._played_waiters)
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+            await self.websocket.close(1000)  # unless the other side already closed it
+
+    # -- pacing ------------------------------------------------------------------------------
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                if not self._outbox:
+                    self._outbox_ready.clear()
+                    await self._outbox_ready.wait()
+                    continue
+                item = self._outbox[0]
+                if isinstance(item, _Mark):
+                    self._outbox.popleft()
+                    message = self.protocol.mark(item.name)
+                    if message is not None:
+                        self._pending_marks[item.name] = item.position
+                        await _send(self.websocket, message)
+                    continue
+                now = time.monotonic()
+                if now > self._burst_start + self._burst_frames * _FRAME_S:
+                    self._burst_start, self._burst_frames = now, 0  # the phone went idle
+                due = self._burst_start + self._burst_frames * _FRAME_S - self.lead_s
+                if due > now:
+                    await asyncio.sleep(due - now)
+                    continue  # the outbox may have been cleared meanwhile
+                self._outbox.popleft()
+                await _send(self.websocket, self.protocol.media(item.pcm))
+                plays_at = self._burst_start + self._burst_frames * _FRAME_S
+                self._burst_frames += 1
+                self._sent = item.end
+                self._slots.append((plays_at + _FRAME_S, item.end))
+                self._resolve(self._sent_waiters, self._sent)
+        except (WebSocketDisconnect, RuntimeError) as exc:
+            log.info("call %s: stopped sending (%s)", self.call_id, exc)
+            self.hang_up("socket closed")
+
+    def _update_slots(self) -> None:
+        """Without marks, audio counts as played once its real-time slot has passed."""
+        if self.protocol.supports_marks:
+            return
+        now = time.monotonic()
+        while self._slots and self._slots[0][0] <= now:
+            self._played = max(self._played, self._slots.popleft()[1])
+        self._resolve(self._played_waiters, self._played)
+
+    # -- waiters -----------------------------------------------------------------------------
+
+    async def _wait(
+        self, waiters: list[tuple[int, asyncio.Future[float]]], position: int, reached: int
+    ) -> float:
+        if position <= reached:
+            return time.monotonic()
+        if position > self._queued or self._closed:
+            raise PlaybackCleared(f"position {position} is not queued")
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        waiters.append((position, future))
+        if waiters is self._played_waiters and not self.protocol.supports_marks:
+            self._schedule_slot_check(position)
+        return await future
+
+    def _schedule_slot_check(self, position: int) -> None:
+        """Mark-less providers: re-check the played position when `position` should have played."""
+        loop = asyncio.get_running_loop()
+
+        def check() -> None:
+            self._update_slots()
+            if any(p == position and not f.done() for p, f in self._played_waiters):
+                loop.call_later(_FRAME_S, check)
+
+        loop.call_later(_FRAME_S, check)
+
+    @staticmethod
+    def _resolve(waiters: list[tuple[int, asyncio.Future[float]]], reached: int) -> None:
+        now = time.monotonic()
+        for position, future in list(waiters):
+            if position <= reached:
+                if not future.done():
+                    future.set_result(now)
+                waiters.remove((position, future))
+
+    @staticmethod
+    def _fail(waiters: list[tuple[int, asyncio.Future[float]]]) -> None:
+        for _, future in waiters:
+            if not future.done():
+                future.set_exception(PlaybackCleared("playback cleared"))
+        waiters.clear()
+
+
+async def receive(websocket: WebSocket) -> str | bytes | None:
+    """The next text or binary message; None once the socket is closed."""
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        return None
+    text: str | None = message.get("text")
+    if text is not None:
+        return text
+    data: bytes | None = message.get("bytes")
+    return data if data is not None else b""
+
+
+class BadMessages:
+    """Counts unusable messages on one socket and logs them (not every one)."""
+
+    def __init__(self, route: str) -> None:
+        self.route = route
+        self.count = 0
+
+    def __call__(self, error: ProtocolError) -> bool:
+        """Log the error; True while the socket may stay open."""
+        self.count += 1
+        if self.count <= 5 or self.count % 50 == 0:
+            log.warning("%s: bad message #%d ignored: %s", self.route, self.count, error)
+        return self.count <= _MAX_BAD_MESSAGES
+
+
+async def wait_for_start(
+    websocket: WebSocket, protocol: WireProtocol, bad: BadMessages, within_s: float = 10.0
+) -> Start | None:
+    """Read until the provider's start message; None if the socket closes or stays silent."""
+    try:
+        async with asyncio.timeout(within_s):
+            while True:
+                message = await receive(websocket)
+                if message is None:
+                    return None
+                try:
+                    events = protocol.parse(message)
+                except ProtocolError as error:
+                    if not bad(error):
+                        await websocket.close(1008)
+                        return None
+                    continue
+                for event in events:
+                    if isinstance(event, Start):
+                        return event
+                    if isinstance(event, Stop):
+                        return None
+    except TimeoutError:
+        log.warning("%s: no start message within %.0f s; closing", bad.route, within_s)
+        await websocket.close(1008)
+        return None
+
+
+async def pump(stream: PhoneStream, bad: BadMessages) -> None:
+    """Feed the socket's messages to the stream until it closes."""
+    while True:
+        try:
+            message = await receive(stream.websocket)
+        except (WebSocketDisconnect, RuntimeError):
+            message = None
+        if message is None:
+            stream.hang_up("socket closed")
+            return
+        try:
+            stream.accept(stream.protocol.parse(message))
+        except ProtocolError as error:
+            if not bad(error):
+                stream.hang_up("too many bad messages")
+                await stream.websocket.close(1008)
+                return
+
+
+ProtocolFactory = Callable[[], WireProtocol]

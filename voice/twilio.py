@@ -1,0 +1,295 @@
+"""Twilio Media Streams, the wire protocol only: messages in and out, TwiML, webhook signatures.
+
+Also home of what every phone protocol shares (Telnyx, Vonage): the inbound events a websocket
+transport gets from `parse()`, `ProtocolError`, and the `WireProtocol` shape it drives. Nothing
+here touches a socket or the event loop, so each message shape is a plain unit test.
+
+Message shapes follow Twilio's "Media Streams - WebSocket Messages" page: `connected` (no
+`sequenceNumber`), then `start`, `media`, `dtmf`, `mark`, `stop`, each with `streamSid` and a
+string `sequenceNumber`; audio is base64 μ-law at 8 kHz. We send `media`, `mark` and `clear`,
+each carrying `streamSid`. Twilio echoes a mark once the audio queued before it has played, and
+`clear` empties its buffer and sends the pending marks back at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from voice.audio import mulaw_decode, mulaw_encode
+
+PCM = npt.NDArray[np.int16]
+
+CALLER_PARAMETER = "from"  # <Parameter> names `stream_twiml` callers use for the numbers
+CALLEE_PARAMETER = "to"
+SIGNATURE_HEADER = "X-Twilio-Signature"
+
+
+# -- what every phone protocol hands its transport -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Start:
+    """The provider's stream began: who is calling whom, and the audio's rate on the wire."""
+
+    call_id: str
+    stream_id: str
+    caller: str | None
+    callee: str | None
+    parameters: dict[str, str] = field(default_factory=dict)
+    sample_rate: int = 8000
+
+
+@dataclass(frozen=True, eq=False)
+class Media:
+    """Caller audio decoded to int16 at the protocol's wire rate (not yet resampled)."""
+
+    pcm: PCM
+
+
+@dataclass(frozen=True)
+class Dtmf:
+    """A key the caller pressed."""
+
+    digit: str
+
+
+@dataclass(frozen=True)
+class MarkPlayed:
+    """The provider says playback reached this mark (or dropped it with a clear)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """The provider ended the stream (the caller hung up or the call was redirected)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A known message that needs no action, such as Twilio's `connected`."""
+
+    what: str
+
+
+WireEvent = Start | Media | Dtmf | MarkPlayed | Stop | Ignored
+
+
+class ProtocolError(ValueError):
+    """The provider (or someone pretending to be it) sent something this protocol rejects."""
+
+
+class WireProtocol(Protocol):
+    """One call's side of a provider's websocket protocol, driven by a websocket transport.
+
+    `parse` keeps per-stream state (started, stream id, reordering); outbound audio is int16 at
+    `wire_rate`, one message per `frame_samples` (20 ms) or fewer.
+    """
+
+    name: str
+    wire_rate: int
+    frame_samples: int
+    supports_marks: bool
+
+    def parse(self, message: str | bytes) -> list[WireEvent]: ...
+
+    def media(self, pcm: PCM) -> str | bytes: ...
+
+    def mark(self, name: str) -> str | None: ...
+
+    def clear(self) -> str | bytes: ...
+
+
+# -- JSON helpers shared with the other JSON protocols -------------------------------------
+
+
+def json_message(message: str | bytes) -> dict[str, Any]:
+    """A text websocket message as a JSON object; ProtocolError for anything else."""
+    if not isinstance(message, str):
+        raise ProtocolError("binary message where JSON text was expected")
+    try:
+        parsed = json.loads(message)
+    except json.JSONDecodeError as error:
+        raise ProtocolError(f"not JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise ProtocolError("JSON message is not an object")
+    return parsed
+
+
+def text_field(obj: Mapping[str, Any], *path: str) -> str:
+    """The string at `path` inside nested objects; ProtocolError if missing or not a string."""
+    value: Any = obj
+    for key in path:
+        if not isinstance(value, Mapping) or key not in value:
+            raise ProtocolError(f"missing field {'.'.join(path)}")
+        value = value[key]
+    if not isinstance(value, str):
+        raise ProtocolError(f"field {'.'.join(path)} is not a string")
+    return value
+
+
+def object_field(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
+    """The JSON object under `key`; ProtocolError if missing or not an object."""
+    value = obj.get(key)
+    if not isinstance(value, dict):
+        raise ProtocolError(f"missing object {key!r}")
+    return value
+
+
+def string_map(value: object, what: str) -> dict[str, str]:
+    """A JSON object of string values (custom parameters); absent means empty."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ProtocolError(f"{what} is not an object of strings")
+    return {str(k): v for k, v in value.items()}
+
+
+def decode_mulaw_payload(payload: str) -> PCM:
+    """Base64 μ-law (no headers) to int16; ProtocolError for invalid base64."""
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ProtocolError("media payload is not valid base64") from None
+    return mulaw_decode(data)
+
+
+def encode_mulaw_payload(pcm: PCM) -> str:
+    """int16 samples to base64 μ-law text."""
+    return base64.b64encode(mulaw_encode(pcm)).decode("ascii")
+
+
+# -- Twilio Media Streams ------------------------------------------------------------------
+
+
+class TwilioProtocol:
+    """One Twilio Media Stream (bidirectional, from `<Connect><Stream>`)."""
+
+    name = "twilio"
+    wire_rate = 8000
+    frame_samples = 160
+    supports_marks = True
+
+    def __init__(self) -> None:
+        self.stream_sid: str | None = None
+        self.stopped = False
+
+    def parse(self, message: str | bytes) -> list[WireEvent]:
+        data = json_message(message)
+        event = text_field(data, "event")
+        if self.stopped:
+            raise ProtocolError(f"{event!r} after stop")
+        if event == "connected":
+            return [Ignored("connected")]
+        if event == "start":
+            return [self._start(data)]
+        if self.stream_sid is None:
+            raise ProtocolError(f"{event!r} before start")
+        if event == "media":
+            media = object_field(data, "media")
+            if media.get("track", "inbound") != "inbound":
+                return [Ignored("outbound track")]
+            return [Media(decode_mulaw_payload(text_field(media, "payload")))]
+        if event == "dtmf":
+            return [Dtmf(text_field(data, "dtmf", "digit"))]
+        if event == "mark":
+            return [MarkPlayed(text_field(data, "mark", "name"))]
+        if event == "stop":
+            self.stopped = True
+            return [Stop("stream stopped")]
+        raise ProtocolError(f"unknown event {event!r}")
+
+    def _start(self, data: dict[str, Any]) -> Start:
+        if self.stream_sid is not None:
+            raise ProtocolError("second start")
+        start = object_field(data, "start")
+        media_format = object_field(start, "mediaFormat")
+        encoding = media_format.get("encoding")
+        rate = media_format.get("sampleRate")
+        if encoding != "audio/x-mulaw" or rate != self.wire_rate:
+            raise ProtocolError(f"unsupported media format {encoding!r} at {rate!r} Hz")
+        parameters = string_map(start.get("customParameters"), "start.customParameters")
+        self.stream_sid = text_field(start, "streamSid")
+        return Start(
+            call_id=text_field(start, "callSid"),
+            stream_id=self.stream_sid,
+            caller=parameters.get(CALLER_PARAMETER),
+            callee=parameters.get(CALLEE_PARAMETER),
+            parameters=parameters,
+            sample_rate=self.wire_rate,
+        )
+
+    def _sid(self) -> str:
+        if self.stream_sid is None:
+            raise RuntimeError("nothing can be sent to Twilio before its start message")
+        return self.stream_sid
+
+    def media(self, pcm: PCM) -> str:
+        payload = encode_mulaw_payload(pcm)
+        return json.dumps(
+            {"event": "media", "streamSid": self._sid(), "media": {"payload": payload}}
+        )
+
+    def mark(self, name: str) -> str:
+        return json.dumps({"event": "mark", "streamSid": self._sid(), "mark": {"name": name}})
+
+    def clear(self) -> str:
+        return json.dumps({"event": "clear", "streamSid": self._sid()})
+
+
+# -- TwiML ---------------------------------------------------------------------------------
+
+
+def _twiml(response: ET.Element) -> str:
+    return '<?xml version="1.0" encoding="UTF-8"?>' + ET.tostring(response, encoding="unicode")
+
+
+def stream_twiml(stream_url: str, parameters: Mapping[str, str]) -> str:
+    """Answer a call by connecting it to a bidirectional stream, carrying `parameters`."""
+    response = ET.Element("Response")
+    stream = ET.SubElement(ET.SubElement(response, "Connect"), "Stream", url=stream_url)
+    for name, value in parameters.items():
+        ET.SubElement(stream, "Parameter", name=name, value=value)
+    return _twiml(response)
+
+
+def reject_twiml(message: str) -> str:
+    """Turn a call away politely: say `message`, then hang up."""
+    response = ET.Element("Response")
+    ET.SubElement(response, "Say").text = message
+    ET.SubElement(response, "Hangup")
+    return _twiml(response)
+
+
+# -- webhook signatures --------------------------------------------------------------------
+
+
+def twilio_signature(auth_token: str, url: str, params: Mapping[str, str]) -> str:
+    """Twilio's `X-Twilio-Signature`: base64 HMAC-SHA1 of the full URL followed by every POST
+    parameter's name and value, sorted by name, keyed with the account's auth token."""
+    signed = url + "".join(name + params[name] for name in sorted(params))
+    digest = hmac.new(auth_token.encode(), signed.encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def signature_is_valid(
+    auth_token: str, url: str, params: Mapping[str, str], signature: str | None
+) -> bool:
+    """Whether `signature` is Twilio's for this request (constant-time; missing is invalid)."""
+    if not signature:
+        return False
+    expected = twilio_signature(auth_token, url, params)
+    return hmac.compare_digest(expected.encode(), signature.encode())
