@@ -79,11 +79,22 @@ def call(
         list[Path], typer.Option(help="WAV file the caller speaks; repeat for several turns")
     ],
     url: Annotated[str, typer.Option(help="Server URL")] = "http://127.0.0.1:8080",
+    twilio: Annotated[
+        str | None,
+        typer.Option(
+            help="Call as Twilio would instead of over WebRTC: the server's base URL (the "
+            "voice webhook is asked first) or its ws://…/twilio/stream URL"
+        ),
+    ] = None,
+    dtmf: Annotated[str, typer.Option(help="Keys to press after the first reply (--twilio)")] = "",
+    auth_token: Annotated[
+        str | None, typer.Option(help="Twilio auth token to sign the webhook with (--twilio)")
+    ] = None,
     out: Annotated[Path, typer.Option(help="Where to write the reply audio")] = Path("reply.wav"),
     repeat: Annotated[int, typer.Option(help="Place the call this many times")] = 1,
     log_level: Annotated[str, typer.Option()] = "warning",
 ) -> None:
-    """Call a server over WebRTC, play WAV files as the caller, record and time the replies.
+    """Call a server over WebRTC (or as Twilio), play WAVs as the caller, time the replies.
 
     Voice-to-voice latency is measured at the caller: from the last audible frame of each
     utterance sent to the first audible reply frame received. The server's parts of it come
@@ -92,13 +103,27 @@ def call(
     import httpx
 
     from voice.audio import read_wav, write_wav
-    from voice.caller import place_call
+    from voice.caller import CallResult, place_call
+    from voice.phone_caller import place_twilio_call
 
     _logging(log_level)
     utterances = [read_wav(path) for path in wav]
+    if twilio is not None:  # the calls API lives on the server that took the Twilio call
+        base = twilio.replace("wss://", "https://").replace("ws://", "http://")
+        url = base.split("/twilio/")[0]
     measured: dict[int, dict[str, list[float]]] = {}
     for attempt in range(repeat):
-        result = asyncio.run(place_call(url, utterances))
+        result: CallResult
+        if twilio is None:
+            result = asyncio.run(place_call(url, utterances))
+        else:
+            phone = asyncio.run(
+                place_twilio_call(twilio, utterances, dtmf=dtmf, auth_token=auth_token)
+            )
+            if phone.rejected is not None:
+                console.print(f"[red]call rejected:[/] {phone.rejected}")
+                raise typer.Exit(1)
+            result = phone
         write_wav(out, result.reply_audio)
         detail = httpx.get(f"{url.rstrip('/')}/calls/{result.call_id}", timeout=10).json()
         records: list[dict[str, Any]] = detail.get("records", [])
