@@ -17,6 +17,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
+from voice.bench import bench_command
+
 app = typer.Typer(
     help="Hotline: self-hosted real-time voice AI telephony server.", no_args_is_help=True
 )
@@ -168,3 +170,6 @@ def llm_sim(
 
     _logging(log_level)
     serve_simulator(host, port)
+
+
+app.command("bench")(bench_command)
