@@ -19,7 +19,7 @@ import soxr
 from voice.audio import frames as audio_frames
 from voice.audio import read_wav, write_wav
 
-__all__ = ["concat", "espeak", "frames", "noise", "resample", "silence", "write_wav"]
+__all__ = ["concat", "espeak", "frames", "noise", "piper", "resample", "silence", "write_wav"]
 
 RATE = 16_000
 
@@ -39,6 +39,19 @@ def _espeak_cached(text: str, voice: str, wpm: int) -> np.ndarray:
             capture_output=True,
         )
         return read_wav(path, RATE)
+
+
+def piper(text: str) -> np.ndarray:
+    """Speak `text` with piper's bundled voice (natural-sounding); int16 16 kHz mono."""
+    return _piper_cached(text).copy()
+
+
+@functools.cache
+def _piper_cached(text: str) -> np.ndarray:
+    from pipeline.tts import TextToSpeech
+
+    voice = TextToSpeech.shared()
+    return resample(voice.synthesize_blocking(text), voice.sample_rate, RATE)
 
 
 def resample(pcm: np.ndarray, rate_in: int, rate_out: int = RATE) -> np.ndarray:

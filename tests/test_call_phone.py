@@ -9,7 +9,7 @@ import numpy as np
 
 from pipeline.stt import SpeechToText
 from tests.conftest import Server
-from tests.speech import concat, espeak, silence
+from tests.speech import concat, piper, silence
 from voice.phone_caller import place_twilio_call
 
 FIRST = "Please book a table for two people tonight."
@@ -21,7 +21,9 @@ def words(text: str) -> set[str]:
 
 
 def utterance(text: str) -> np.ndarray:
-    return concat(silence(300), espeak(text, wpm=150), silence(200))
+    # A natural-sounding voice: robotic espeak loses too many words on an 8 kHz line
+    # (README, "Telephone speech recognition").
+    return concat(silence(300), piper(text), silence(200))
 
 
 def stream_url(server: Server) -> str:
@@ -45,9 +47,8 @@ async def test_a_phone_call_through_the_webhook_answers_two_turns(server: Server
     assert len(latencies) == 2 and None not in latencies
     heard = SpeechToText.shared().transcribe_blocking(result.reply_audio).text
     print(f"reply audio transcribed: {heard!r}")
-    # A telephone line garbles words both ways (μ-law, 8 kHz): most must survive the round trip.
-    assert len(words(heard) & {"please", "book", "table", "two", "people", "tonight"}) >= 3
-    assert len(words(heard) & {"what", "weather", "like", "paris", "tomorrow"}) >= 3
+    assert {"table", "people", "tonight"} <= words(heard)
+    assert {"weather", "tomorrow"} <= words(heard)
 
     detail = call_detail(server, result.call_id)
     assert detail["transport"] == "twilio"
@@ -57,6 +58,7 @@ async def test_a_phone_call_through_the_webhook_answers_two_turns(server: Server
     for record in records:
         print(f"server parts (ms): {record['timings_ms']}")
         assert not record["interrupted"]
+    assert "paris" in words(str(records[1]["caller_text"]))
     # Marks came back for every sentence the phone played.
     assert len(result.marks_echoed) >= 2
 

@@ -139,7 +139,7 @@ def test_telephone_degrades_but_keeps_the_speech(speech: npt.NDArray[np.int16]) 
     correlation = float(np.corrcoef(a, b)[0, 1])
     distortion = float(np.sqrt(np.mean((a - b) ** 2)) / np.sqrt(np.mean(a**2)))
     assert correlation > 0.8
-    assert distortion > 0.05  # measurably not the input
+    assert distortion > 0.2  # measurably not the input (about 0.4 here)
     assert np.array_equal(telephone(speech), line)  # deterministic
 
 
@@ -151,7 +151,7 @@ def test_telephone_without_band_pass_keeps_the_low_end(speech: npt.NDArray[np.in
 
 
 def test_telephone_of_silence_is_silence() -> None:
-    assert not telephone(silence(500)).any()
+    assert np.abs(telephone(silence(500))).max() <= 1  # soxr's int16 output dithers by 1 LSB
     assert len(telephone(np.zeros(0, dtype=np.int16))) == 0
 
 

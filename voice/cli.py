@@ -173,3 +173,16 @@ def llm_sim(
 
 
 app.command("bench")(bench_command)
+
+
+@app.command()
+def wer(
+    model: Annotated[
+        list[str] | None, typer.Option(help="Whisper model to measure; repeat [default: both]")
+    ] = None,
+    verbose: Annotated[bool, typer.Option(help="Print every transcript")] = False,
+) -> None:
+    """Word error rate of the STT models on clean and telephone (8 kHz μ-law) speech."""
+    from voice.wer import print_study
+
+    print_study(tuple(model or ("tiny.en", "base")), verbose=verbose)

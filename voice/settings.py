@@ -60,9 +60,10 @@ class Settings(BaseSettings):
     warm_up: bool = True  # load and run every model once before accepting calls
 
     stt: STTSettings = Field(default_factory=STTSettings)  # WebRTC calls (wideband audio)
-    # Phone calls: 8 kHz μ-law audio, where Whisper base is far more accurate than tiny.en
-    # (see README, "Telephone speech recognition").
-    phone_stt: STTSettings = Field(default_factory=lambda: STTSettings(model="base"))
+    # Phone calls (8 kHz μ-law). tiny.en by measurement: on natural speech the phone line costs
+    # it nothing, and base's gain on robotic voices is worth less than its +400 ms a turn
+    # (README, "Telephone speech recognition"). Set model "base" for hard lines.
+    phone_stt: STTSettings = Field(default_factory=STTSettings)
     tts: TTSSettings = Field(default_factory=TTSSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
     simulator: SimulatorSettings = Field(default_factory=SimulatorSettings)

@@ -391,8 +391,12 @@ class StudyReport:
         ]
         return float(np.mean(times)) if times else float("nan")
 
-    def percentile_inference_s(self, model: str, q: float) -> float:
-        times = [t.inference_s for t in self.trials if t.model == model]
+    def percentile_inference_s(self, model: str, q: float, condition: str | None = None) -> float:
+        times = [
+            t.inference_s
+            for t in self.trials
+            if t.model == model and (condition is None or t.condition == condition)
+        ]
         return float(np.percentile(times, q)) if times else float("nan")
 
     @property
@@ -431,7 +435,8 @@ class StudyReport:
         return sum(t.runaway for t in self._select(model, condition, None, None))
 
     def table(self) -> str:
-        """Markdown: WER per model × condition, by voice family and overall, with timings."""
+        """Markdown: WER per model × condition, by voice family and overall, with the median
+        inference time per utterance (robust to a busy machine; the mean is in `print_study`)."""
         families = self.families
         header = [
             "model",
@@ -441,7 +446,7 @@ class StudyReport:
             "WER capped",
             "exact",
             "runaways",
-            "mean ms",
+            "median ms",
         ]
         rows = [header, ["---"] * 2 + ["---:"] * (len(header) - 2)]
         for model in self.models:
@@ -455,7 +460,7 @@ class StudyReport:
                         _pct(self.capped_wer(model, condition)),
                         _pct(self.exact(model, condition)),
                         str(self.runaways(model, condition)),
-                        f"{self.mean_inference_s(model, condition) * 1000:.0f}",
+                        f"{self.percentile_inference_s(model, 50, condition) * 1000:.0f}",
                     ]
                 )
         return _markdown(rows)

@@ -1,0 +1,671 @@
+"""Whole phone calls through the Telnyx and Vonage routes, and bad input on every phone route.
+
+A small scripted test phone plays the provider's part: the start message(s), one 20 ms frame of
+caller audio every 20 ms of the absolute clock (the phone's own timeline), every mark (Vonage:
+notify) echoed as soon as it arrives, and the provider's hang-up. What differs between providers
+is only the shape of the messages, which a `Wire` per provider builds and reads (sample shapes
+as in tests/test_protocols.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import numpy as np
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from pipeline.transport import FRAME_SAMPLES
+from tests.conftest import Server
+from tests.speech import concat, espeak, silence
+from voice.audio import StreamResampler, mulaw_encode
+from voice.caller import voiced_span
+
+FIRST = "Please book a table for two people tonight."
+SECOND = "Wait, actually I want a table for four."
+SHORT = "Hello, is anyone there?"
+
+_FRAME_S = 0.02
+_OVERSIZED = 70 * 1024  # uvicorn's websocket limit is 64 KiB
+
+Message = str | bytes
+PCM = np.ndarray
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def utterance(text: str) -> PCM:
+    return concat(silence(300), espeak(text, wpm=150), silence(200))
+
+
+# -- what each provider sends and expects ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Heard:
+    """One server message as the phone received it (monotonic arrival time)."""
+
+    at: float
+    kind: str  # "media", "mark", "clear" or "other"
+    name: str = ""  # the mark's name
+    raw: Message = ""
+
+
+class Wire:
+    """One provider's messages for one call; JSON protocols share most of it."""
+
+    route = ""
+    transport = ""
+    frame_samples = 160  # at the wire rate
+    wire_rate = 8000
+
+    def __init__(self) -> None:
+        self.call_id = ""
+
+    def opening(self) -> list[Message]:
+        raise NotImplementedError
+
+    def media(self, frame: PCM) -> Message:
+        raise NotImplementedError
+
+    def echo(self, name: str) -> Message:
+        raise NotImplementedError
+
+    def hang_up(self) -> Message | None:
+        return None  # the socket simply closes
+
+    def on_clear(self) -> list[Message]:
+        return []
+
+    def read(self, raw: Message, at: float) -> Heard:
+        raise NotImplementedError
+
+    def bad_before_start(self) -> dict[str, Message]:
+        """Unusable messages before the start, each with what the server's log should say."""
+        raise NotImplementedError
+
+    def bad_in_call(self) -> dict[str, Message]:
+        raise NotImplementedError
+
+    def oversized(self) -> Message:
+        raise NotImplementedError
+
+    def wire_frames(self, pcm: PCM) -> list[PCM]:
+        """16 kHz audio as the phone's 20 ms wire frames (the last one padded)."""
+        narrow = StreamResampler(16_000, self.wire_rate)(pcm, last=True)
+        count = max(1, -(-len(pcm) // FRAME_SAMPLES))
+        frames = [np.zeros(self.frame_samples, dtype=np.int16) for _ in range(count)]
+        for i, frame in enumerate(frames):
+            piece = narrow[i * self.frame_samples : (i + 1) * self.frame_samples]
+            frame[: len(piece)] = piece
+        return frames
+
+
+def _mulaw_b64(frame: PCM) -> str:
+    return base64.b64encode(mulaw_encode(frame)).decode("ascii")
+
+
+class JsonWire(Wire):
+    """Twilio and Telnyx: JSON text both ways, base64 μ-law at 8 kHz."""
+
+    def read(self, raw: Message, at: float) -> Heard:
+        if isinstance(raw, bytes):
+            return Heard(at, "other", raw=raw)
+        message: dict[str, Any] = json.loads(raw)
+        event = message.get("event")
+        if event == "media" and isinstance(message.get("media", {}).get("payload"), str):
+            return Heard(at, "media", raw=raw)
+        if event == "mark":
+            return Heard(at, "mark", str(message["mark"]["name"]), raw)
+        if event == "clear":
+            return Heard(at, "clear", raw=raw)
+        return Heard(at, "other", raw=raw)
+
+    def oversized(self) -> Message:
+        """A media message with far more than 20 ms of (valid) audio in it."""
+        return json.dumps({"event": "media", "media": {"payload": "/w==" * (_OVERSIZED // 4)}})
+
+
+class TwilioWire(JsonWire):
+    route = "/twilio/stream"
+    transport = "twilio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.call_id = "CA" + uuid.uuid4().hex
+        self.stream_sid = "MZ" + uuid.uuid4().hex
+        self.sequence = 0
+
+    def _message(self, event: str, body: dict[str, Any]) -> str:
+        self.sequence += 1
+        return json.dumps(
+            {
+                "event": event,
+                "sequenceNumber": str(self.sequence),
+                event: body,
+                "streamSid": self.stream_sid,
+            }
+        )
+
+    def opening(self) -> list[Message]:
+        start = {
+            "accountSid": "AC" + uuid.uuid4().hex,
+            "streamSid": self.stream_sid,
+            "callSid": self.call_id,
+            "tracks": ["inbound"],
+            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
+            "customParameters": {"from": "+15555550100", "to": "+15555550199"},
+        }
+        connected = json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+        return [connected, self._message("start", start)]
+
+    def media(self, frame: PCM) -> Message:
+        return self._message("media", {"track": "inbound", "payload": _mulaw_b64(frame)})
+
+    def echo(self, name: str) -> Message:
+        return self._message("mark", {"name": name})
+
+    def hang_up(self) -> Message | None:
+        return self._message("stop", {"callSid": self.call_id})
+
+    def read(self, raw: Message, at: float) -> Heard:
+        heard = super().read(raw, at)
+        if heard.kind != "other" and json.loads(raw).get("streamSid") != self.stream_sid:
+            return Heard(at, "other", raw=raw)  # Twilio needs the stream on every message
+        return heard
+
+    def bad_before_start(self) -> dict[str, Message]:
+        media = {"event": "media", "streamSid": self.stream_sid, "media": {"payload": "/w=="}}
+        return {
+            "not JSON": "hello?",
+            "before start": json.dumps({"event": "media", **media}),
+            "binary message": b"\xff" * 160,
+            "missing field event": json.dumps({"streamSid": self.stream_sid}),
+        }
+
+    def bad_in_call(self) -> dict[str, Message]:
+        return {
+            "not JSON": "{not json",
+            "unknown event": json.dumps({"event": "transcript", "streamSid": self.stream_sid}),
+            "not valid base64": json.dumps(
+                {"event": "media", "streamSid": self.stream_sid, "media": {"payload": "@@@@"}}
+            ),
+            "binary message": bytes(mulaw_encode(np.zeros(160, dtype=np.int16))),
+        }
+
+
+class TelnyxWire(JsonWire):
+    route = "/telnyx/stream"
+    transport = "telnyx"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.call_id = "v3:" + uuid.uuid4().hex
+        self.stream_id = str(uuid.uuid4()).upper()
+        self.sequence = 0
+
+    def _next(self) -> str:
+        self.sequence += 1
+        return str(self.sequence)
+
+    def opening(self) -> list[Message]:
+        start = {
+            "event": "start",
+            "sequence_number": self._next(),
+            "start": {
+                "user_id": str(uuid.uuid4()),
+                "call_control_id": self.call_id,
+                "call_session_id": str(uuid.uuid4()),
+                "from": "+13122010094",
+                "to": "+13122123456",
+                "media_format": {"encoding": "PCMU", "sample_rate": 8000, "channels": 1},
+            },
+            "stream_id": self.stream_id,
+        }
+        return [json.dumps({"event": "connected", "version": "1.0.0"}), json.dumps(start)]
+
+    def media(self, frame: PCM) -> Message:
+        sequence = self._next()
+        media = {
+            "track": "inbound",
+            "chunk": str(int(sequence) - 1),
+            "timestamp": str((int(sequence) - 2) * 20),
+            "payload": _mulaw_b64(frame),
+        }
+        return json.dumps(
+            {
+                "event": "media",
+                "sequence_number": sequence,
+                "media": media,
+                "stream_id": self.stream_id,
+            }
+        )
+
+    def echo(self, name: str) -> Message:
+        return json.dumps(
+            {
+                "event": "mark",
+                "sequence_number": self._next(),
+                "stream_id": self.stream_id,
+                "mark": {"name": name},
+            }
+        )
+
+    def hang_up(self) -> Message | None:
+        return json.dumps(
+            {
+                "event": "stop",
+                "sequence_number": self._next(),
+                "stop": {"call_control_id": self.call_id},
+                "stream_id": self.stream_id,
+            }
+        )
+
+    def bad_before_start(self) -> dict[str, Message]:
+        media = {"payload": _mulaw_b64(np.zeros(160, dtype=np.int16))}
+        return {
+            "not JSON": "hello?",
+            "before start": json.dumps(
+                {"event": "media", "sequence_number": "1", "media": media, "stream_id": "x"}
+            ),
+            "binary message": b"\xff" * 160,
+            "missing field event": json.dumps({"stream_id": self.stream_id}),
+        }
+
+    def bad_in_call(self) -> dict[str, Message]:
+        # No sequence numbers: a rejected message must not leave a gap in the phone's sequence.
+        return {
+            "not JSON": "{not json",
+            "unknown event": json.dumps({"event": "transcription", "stream_id": self.stream_id}),
+            "not valid base64": json.dumps(
+                {"event": "media", "stream_id": self.stream_id, "media": {"payload": "@@@@"}}
+            ),
+            "binary message": bytes(mulaw_encode(np.zeros(160, dtype=np.int16))),
+        }
+
+
+class VonageWire(Wire):
+    route = "/vonage/stream"
+    transport = "vonage"
+    frame_samples = 320
+    wire_rate = 16_000
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.call_id = str(uuid.uuid4())
+
+    def opening(self) -> list[Message]:
+        connected = {
+            "event": "websocket:connected",
+            "content-type": "audio/l16;rate=16000",
+            "uuid": self.call_id,
+            "from": "447700900000",
+            "to": "447700900001",
+        }
+        return [json.dumps(connected)]
+
+    def media(self, frame: PCM) -> Message:
+        return np.asarray(frame, dtype="<i2").tobytes()
+
+    def echo(self, name: str) -> Message:
+        return json.dumps({"event": "websocket:notify", "payload": {"name": name}})
+
+    def on_clear(self) -> list[Message]:
+        return [json.dumps({"event": "websocket:cleared"})]
+
+    def read(self, raw: Message, at: float) -> Heard:
+        if isinstance(raw, bytes):
+            return Heard(at, "media" if len(raw) == 640 else "other", raw=raw)
+        message: dict[str, Any] = json.loads(raw)
+        action = message.get("action")
+        if action == "notify" and isinstance(message.get("payload"), dict):
+            return Heard(at, "mark", str(message["payload"].get("name")), raw)
+        if action == "clear":
+            return Heard(at, "clear", raw=raw)
+        return Heard(at, "other", raw=raw)
+
+    def bad_before_start(self) -> dict[str, Message]:
+        return {
+            "not JSON": "hello?",
+            "before websocket:connected": json.dumps({"event": "websocket:dtmf", "digit": "1"}),
+            "audio before websocket:connected": b"\x00" * 640,
+            "missing field event": json.dumps({"content-type": "audio/l16;rate=16000"}),
+        }
+
+    def bad_in_call(self) -> dict[str, Message]:
+        return {
+            "not JSON": "{not json",
+            "unknown event": json.dumps({"event": "websocket:media:update"}),
+            "odd length": b"\x00" * 641,
+        }
+
+    def oversized(self) -> Message:
+        return b"\x00" * _OVERSIZED  # an audio message far beyond one frame
+
+
+WIRES: dict[str, Callable[[], Wire]] = {
+    "twilio": TwilioWire,
+    "telnyx": TelnyxWire,
+    "vonage": VonageWire,
+}
+
+
+# -- the test phone --------------------------------------------------------------------------
+
+
+@dataclass
+class Spoken:
+    """When an utterance's speech went out (monotonic send times of its first/last voiced
+    frames; `end` is after the last one)."""
+
+    onset: float
+    end: float
+
+
+@dataclass
+class _Utterance:
+    frames: list[PCM]
+    first: int
+    last: int
+    done: asyncio.Future[Spoken]
+    sent: list[float] = field(default_factory=list)
+
+
+class TestPhone:
+    """The provider's side of one media websocket, scripted by the test."""
+
+    __test__ = False  # not a test class
+
+    def __init__(self, socket: ClientConnection, wire: Wire) -> None:
+        self.socket = socket
+        self.wire = wire
+        self.heard: list[Heard] = []
+        self.echoed: list[tuple[float, str]] = []
+        self.closed = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._mic: list[_Utterance] = []
+        self._stopped = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def send(self, build: Callable[[], Message | None]) -> None:
+        """Build and send one message; built under the lock so sequence numbers stay in order."""
+        async with self._lock:
+            if self._stopped:
+                return
+            message = build()
+            if message is not None:
+                await self.socket.send(message)
+
+    @contextlib.asynccontextmanager
+    async def call(self, hang_up: bool = True) -> AsyncIterator[TestPhone]:
+        """Open the stream, run the clock and the ear; on exit hang up as the provider does
+        (unless `hang_up` is False: then the socket just closes) if still connected."""
+        for message in self.wire.opening():
+            await self.socket.send(message)
+        self._tasks = [asyncio.create_task(self._clock()), asyncio.create_task(self._listen())]
+        try:
+            yield self
+        finally:
+            with contextlib.suppress(ConnectionClosed):
+                if hang_up:
+                    await self.send(self.wire.hang_up)
+                self._stopped = True
+                await self.socket.close()
+            for task in self._tasks:
+                task.cancel()
+            results = await asyncio.gather(*self._tasks, return_exceptions=True)
+            for result in results:
+                if isinstance(result, Exception):
+                    raise result
+
+    def say(self, pcm: PCM) -> asyncio.Future[Spoken]:
+        """Queue an utterance (16 kHz) on the microphone."""
+        first, last = voiced_span(pcm)
+        done: asyncio.Future[Spoken] = asyncio.get_running_loop().create_future()
+        self._mic.append(_Utterance(self.wire.wire_frames(pcm), first, last, done))
+        return done
+
+    async def _clock(self) -> None:
+        """One frame every 20 ms of the absolute clock: the microphone, else silence."""
+        start = time.monotonic()
+        tick = 0
+        silent = np.zeros(self.wire.frame_samples, dtype=np.int16)
+        with contextlib.suppress(ConnectionClosed):
+            while not self._stopped:
+                delay = start + tick * _FRAME_S - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tick += 1
+                frame = silent
+                if self._mic:
+                    spoken = self._mic[0]
+                    frame = spoken.frames[len(spoken.sent)]
+                    spoken.sent.append(time.monotonic())
+                    if len(spoken.sent) == len(spoken.frames):
+                        self._mic.pop(0)
+                        onset, last = spoken.sent[spoken.first], spoken.sent[spoken.last]
+                        spoken.done.set_result(Spoken(onset, last + _FRAME_S))
+                await self.send(lambda frame=frame: self.wire.media(frame))
+
+    async def _listen(self) -> None:
+        try:
+            async for raw in self.socket:
+                heard = self.wire.read(raw, time.monotonic())
+                self.heard.append(heard)
+                if heard.kind == "mark":
+                    await self.send(lambda name=heard.name: self.wire.echo(name))
+                    self.echoed.append((time.monotonic(), heard.name))
+                elif heard.kind == "clear":
+                    for message in self.wire.on_clear():
+                        await self.send(lambda message=message: message)
+                self._notify()
+        except ConnectionClosed:
+            pass
+        finally:
+            self.closed.set()
+            self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait(self, what: str, test: Callable[[Heard], bool], within_s: float) -> Heard:
+        """The first message heard that passes `test` (already heard, or the next one)."""
+        try:
+            async with asyncio.timeout(within_s):
+                while True:
+                    changed = self._changed
+                    found = next((h for h in self.heard if test(h)), None)
+                    if found is not None:
+                        return found
+                    if self.closed.is_set():
+                        raise AssertionError(f"the socket closed before {what}")
+                    await changed.wait()
+        except TimeoutError:
+            raise AssertionError(f"no {what} within {within_s:.0f} s") from None
+
+    def after(self, kind: str, at: float) -> list[Heard]:
+        return [h for h in self.heard if h.kind == kind and h.at > at]
+
+
+# -- the server's side -----------------------------------------------------------------------
+
+
+def ws_url(server: Server, wire: Wire) -> str:
+    return server.url.replace("http://", "ws://") + wire.route
+
+
+async def call_detail(server: Server, call_id: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=10) as http:
+        response = await http.get(f"{server.url}/calls/{quote(call_id, safe='')}")
+    response.raise_for_status()
+    detail: dict[str, Any] = response.json()
+    return detail
+
+
+async def poll_call(
+    server: Server,
+    call_id: str,
+    what: str,
+    test: Callable[[dict[str, Any]], bool],
+    within_s: float = 30.0,
+) -> dict[str, Any]:
+    """Poll GET /calls/{id} until `test` holds (bounded)."""
+    deadline = time.monotonic() + within_s
+    detail: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPStatusError):
+            detail = await call_detail(server, call_id)
+            if test(detail):
+                return detail
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"call {call_id}: not {what} within {within_s:.0f} s: {detail}")
+
+
+async def log_mentions(
+    server: Server, since: int, route: str, fragments: list[str], within_s: float = 10.0
+) -> None:
+    """Wait (bounded) until the server's log, from line `since`, has a bad-message line for
+    `route` with each fragment in it."""
+    deadline = time.monotonic() + within_s
+    missing = fragments
+    while time.monotonic() < deadline:
+        lines = [line for line in server.log[since:] if f"{route}: bad message #" in line]
+        missing = [f for f in fragments if not any(f in line for line in lines)]
+        if not missing:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the server log never mentioned {missing}")
+
+
+def assert_no_errors_logged(server: Server, since: int) -> None:
+    failures = [
+        line
+        for line in server.log[since:]
+        if "Traceback" in line or " ERROR " in line or "Exception in ASGI" in line
+    ]
+    assert not failures, failures[:5]
+
+
+def open_socket(server: Server, wire: Wire) -> Any:
+    return connect(ws_url(server, wire), compression=None, open_timeout=10, max_size=None)
+
+
+# -- 1. barge-in through the Telnyx and Vonage routes ----------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["telnyx", "vonage"])
+async def test_a_call_with_barge_in_through_the_provider_route(
+    server: Server, provider: str
+) -> None:
+    since = len(server.log)
+    wire = WIRES[provider]()
+    async with open_socket(server, wire) as socket, TestPhone(socket, wire).call() as phone:
+        first = await asyncio.wait_for(phone.say(utterance(FIRST)), 30)
+        reply = await phone.wait("reply", lambda h: h.kind == "media" and h.at > first.end, 30)
+        # Cut in while the reply plays: once its first sentence was echoed, 1.5 s or more in.
+        mark = await phone.wait("first mark", lambda h: h.kind == "mark" and h.at > reply.at, 15)
+        cut_in = max(mark.at, reply.at + 1.5)
+        if cut_in > time.monotonic():
+            await asyncio.sleep(cut_in - time.monotonic())  # the script's timing, not a sync
+        assert not phone.after("clear", 0), "clear before the caller cut in"
+        saying = phone.say(utterance(SECOND))
+        clear = await phone.wait("clear", lambda h: h.kind == "clear", 10)
+        second = await asyncio.wait_for(saying, 30)
+        assert phone.after("media", reply.at), "the reply was playing"
+        new_reply = await phone.wait(
+            "second reply", lambda h: h.kind == "media" and h.at > clear.at, 30
+        )
+        # Nothing of the old reply after the clear: the next audio answers the second utterance,
+        # which was still being spoken for a while after the clear.
+        assert new_reply.at > second.end, "reply audio after the clear, before the caller ended"
+        await poll_call(
+            server, wire.call_id, "two turns", lambda d: len(d["records"]) >= 2, within_s=40
+        )
+    assert not phone.after("other", 0), [h.raw for h in phone.after("other", 0)][:3]
+    assert phone.echoed, "the server sent marks"
+
+    detail = await poll_call(server, wire.call_id, "ended", lambda d: d["state"] == "ended")
+    assert detail["transport"] == provider
+    records = detail["records"]
+    for record in records:
+        print(record["caller_text"], "|", record["reply_text"], "|", record["interrupted"])
+    assert len(records) == 2
+    first_turn, second_turn = records
+    assert first_turn["interrupted"]
+    assert first_turn["reply_text"], "the first sentence was played and its mark echoed"
+    assert len(first_turn["reply_text"]) < len(first_turn["generated_text"])
+    assert words(second_turn["caller_text"]) & {"four", "4", "table"}
+    assert not second_turn["interrupted"]
+    assert_no_errors_logged(server, since)
+
+
+# -- 2. bad input on every phone route -------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["twilio", "telnyx", "vonage"])
+async def test_bad_input_is_logged_and_the_route_keeps_serving(
+    server: Server, provider: str
+) -> None:
+    began = since = len(server.log)
+    route = WIRES[provider]().route
+
+    # Junk before the start message: each one logged and ignored; a flood closes with 1008.
+    wire = WIRES[provider]()
+    async with open_socket(server, wire) as socket:
+        junk = wire.bad_before_start()
+        for message in junk.values():
+            await socket.send(message)
+        await log_mentions(server, since, route, list(junk))
+        with contextlib.suppress(ConnectionClosed):
+            for _ in range(250):
+                await socket.send("not JSON at all")
+        await asyncio.wait_for(socket.wait_closed(), 10)
+        assert socket.close_code == 1008
+    await log_mentions(server, since, route, ["#200 ignored: not JSON"])
+
+    # A call with junk in it: ignored, the turn is recorded; an oversized frame closes it (1009)
+    # and the call ends with its turn kept.
+    since = len(server.log)
+    wire = WIRES[provider]()
+    async with open_socket(server, wire) as socket, TestPhone(socket, wire).call() as phone:
+        junk = wire.bad_in_call()
+        for message in junk.values():
+            await phone.send(lambda message=message: message)
+        await log_mentions(server, since, route, list(junk))
+        await asyncio.wait_for(phone.say(utterance(SHORT)), 30)
+        await poll_call(server, wire.call_id, "one turn", lambda d: len(d["records"]) == 1)
+        await phone.send(wire.oversized)
+        await asyncio.wait_for(phone.closed.wait(), 10)
+        assert socket.close_code == 1009
+    detail = await poll_call(server, wire.call_id, "ended", lambda d: d["state"] == "ended")
+    assert detail["transport"] == provider
+    assert len(detail["records"]) == 1 and detail["records"][0]["reply_text"]
+    assert words(detail["records"][0]["caller_text"]) & {"hello", "anyone", "there"}
+
+    # The route still serves: a normal call gets a reply; the socket then closes without stop.
+    async with httpx.AsyncClient(timeout=10) as http:
+        health = await http.get(f"{server.url}/healthz")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+    wire = WIRES[provider]()
+    async with open_socket(server, wire) as socket, TestPhone(socket, wire).call(False) as phone:
+        spoken = await asyncio.wait_for(phone.say(utterance(SHORT)), 30)
+        await phone.wait("reply", lambda h: h.kind == "media" and h.at > spoken.end, 30)
+    detail = await poll_call(server, wire.call_id, "ended", lambda d: d["state"] == "ended")
+    assert detail["transport"] == provider
+    assert_no_errors_logged(server, began)
