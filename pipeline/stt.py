@@ -223,9 +223,7 @@ class SpeechToText:
             # Whisper stuck in a repetition loop, which the cap cuts off early (on telephone
             # audio it took tiny.en's worst turn from 1037 to 488 ms and its WER from 59 to 47%).
             cap = int(self.settings.max_tokens_per_s * len(samples) / RATE) + 8
-            segments, _info = self._model.transcribe(
-                samples, max_new_tokens=cap, **self._options()
-            )
+            segments, _info = self._model.transcribe(samples, max_new_tokens=cap, **self._options())
             text = "".join(segment.text for segment in segments).strip()
         return Transcript(
             text=text,

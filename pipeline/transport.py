@@ -7,6 +7,7 @@ can tell exactly which part of a reply the caller has heard.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -44,6 +45,15 @@ class HangUp:
 
 
 InboundEvent = AudioIn | Dtmf | HangUp
+
+
+async def until_hang_up(queue: asyncio.Queue[InboundEvent]) -> AsyncIterator[InboundEvent]:
+    """A transport's inbound events from `queue`, in order, ending after the first HangUp."""
+    while True:
+        event = await queue.get()
+        yield event
+        if isinstance(event, HangUp):
+            return
 
 
 class PlaybackCleared(Exception):

@@ -8,37 +8,17 @@ modify it.
 from __future__ import annotations
 
 import functools
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import soxr
 
+from voice.audio import espeak, write_wav
 from voice.audio import frames as audio_frames
-from voice.audio import read_wav, write_wav
 
 __all__ = ["concat", "espeak", "frames", "noise", "piper", "resample", "silence", "write_wav"]
 
 RATE = 16_000
-
-
-def espeak(text: str, voice: str = "en-us", wpm: int = 160) -> np.ndarray:
-    """Speak `text` with espeak-ng; int16 16 kHz mono, trimmed of nothing (espeak's own edges)."""
-    return _espeak_cached(text, voice, wpm).copy()
-
-
-@functools.cache
-def _espeak_cached(text: str, voice: str, wpm: int) -> np.ndarray:
-    with tempfile.TemporaryDirectory(prefix="hotline-espeak-") as tmp:
-        path = Path(tmp) / "speech.wav"
-        subprocess.run(
-            ["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(path), text],
-            check=True,
-            capture_output=True,
-        )
-        return read_wav(path, RATE)
 
 
 def piper(text: str) -> np.ndarray:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import subprocess
+import tempfile
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +31,26 @@ def read_wav(path: str | Path, rate: int = SAMPLE_RATE) -> PCM:
     if source_rate != rate:
         data = soxr.resample(data, source_rate, rate)
     return np.ascontiguousarray(data, dtype=np.int16)
+
+
+def espeak(text: str, voice: str = "en-us", wpm: int = 160) -> PCM:
+    """Speak `text` with Debian's espeak-ng (test callers, benchmarks); 16 kHz mono int16.
+
+    Cached per (text, voice, wpm); every caller gets its own copy.
+    """
+    return _espeak(text, voice, wpm).copy()
+
+
+@functools.cache
+def _espeak(text: str, voice: str, wpm: int) -> PCM:
+    with tempfile.TemporaryDirectory(prefix="hotline-espeak-") as tmp:
+        path = Path(tmp) / "speech.wav"
+        subprocess.run(
+            ["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(path), text],
+            check=True,
+            capture_output=True,
+        )
+        return read_wav(path)
 
 
 def write_wav(path: str | Path, pcm: PCM, rate: int = SAMPLE_RATE) -> None:

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import math
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline.records import STAGES
-from voice.audio import PCM, read_wav
+from voice.audio import PCM, espeak, read_wav
 from voice.caller import CallResult
 
 log = logging.getLogger(__name__)
@@ -242,16 +239,8 @@ def match_records(
 # -- caller speech ------------------------------------------------------------------------------
 
 
-@functools.cache
 def _spoken(text: str) -> PCM:
-    with tempfile.TemporaryDirectory(prefix="hotline-bench-") as tmp:
-        path = Path(tmp) / "utterance.wav"
-        subprocess.run(
-            ["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), text],
-            check=True,
-            capture_output=True,
-        )
-        speech = read_wav(path)
+    speech = espeak(text, wpm=150)
     lead, tail = np.zeros(4800, dtype=np.int16), np.zeros(3200, dtype=np.int16)
     return np.concatenate([lead, speech, tail])  # 300 ms before, 200 ms after
 

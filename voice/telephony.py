@@ -29,6 +29,7 @@ from pipeline.transport import (
     HangUp,
     InboundEvent,
     PlaybackCleared,
+    until_hang_up,
 )
 from voice.audio import StreamResampler
 from voice.twilio import Dtmf as WireDtmf
@@ -134,12 +135,8 @@ class PhoneStream:
 
     # -- Transport ---------------------------------------------------------------------------
 
-    async def inbound(self) -> AsyncIterator[InboundEvent]:
-        while True:
-            event = await self._inbound.get()
-            yield event
-            if isinstance(event, HangUp):
-                return
+    def inbound(self) -> AsyncIterator[InboundEvent]:
+        return until_hang_up(self._inbound)
 
     def play(self, pcm: PCM) -> int:
         """Queue one sentence of reply audio, then a mark at its end."""

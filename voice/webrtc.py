@@ -29,6 +29,7 @@ from pipeline.transport import (
     HangUp,
     InboundEvent,
     PlaybackCleared,
+    until_hang_up,
 )
 
 log = logging.getLogger(__name__)
@@ -253,12 +254,8 @@ class WebRTCCall:
 
     # -- Transport ---------------------------------------------------------------------------
 
-    async def inbound(self) -> AsyncIterator[InboundEvent]:
-        while True:
-            event = await self._inbound.get()
-            yield event
-            if isinstance(event, HangUp):
-                return
+    def inbound(self) -> AsyncIterator[InboundEvent]:
+        return until_hang_up(self._inbound)
 
     def play(self, pcm: PCM) -> int:
         return self.outbound.play(pcm)

@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import functools
 import re
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal, TextIO
 
 import numpy as np
 import numpy.typing as npt
 import soxr
 
-from voice.audio import PCM, StreamResampler, mulaw_decode, mulaw_encode, read_wav
+from voice.audio import PCM, StreamResampler, espeak, mulaw_decode, mulaw_encode
 
 RATE = 16_000
 PHONE_RATE = 8_000
@@ -304,23 +301,12 @@ VOICES: tuple[Voice, ...] = (
 @functools.cache
 def _speak_cached(voice: Voice, text: str) -> PCM:
     if voice.engine == "espeak":
-        speech = _espeak(text, voice.espeak_voice, voice.wpm)
+        speech = espeak(text, voice.espeak_voice, voice.wpm)
     else:
         speech = _piper(text, voice.length_scale)
     lead = np.zeros(RATE * 200 // 1000, dtype=np.int16)
     tail = np.zeros(RATE * 300 // 1000, dtype=np.int16)
     return np.concatenate([lead, speech, tail])
-
-
-def _espeak(text: str, voice: str, wpm: int) -> PCM:
-    with tempfile.TemporaryDirectory(prefix="hotline-wer-") as tmp:
-        path = Path(tmp) / "speech.wav"
-        subprocess.run(
-            ["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(path), text],
-            check=True,
-            capture_output=True,
-        )
-        return read_wav(path, RATE)
 
 
 def _piper(text: str, length_scale: float | None) -> PCM:
