@@ -592,7 +592,8 @@ async def test_a_call_with_barge_in_through_the_provider_route(
         )
         # Nothing of the old reply after the clear: the next audio (or mark) answers the second
         # utterance, so it cannot come before the caller finished saying it.
-        first_after_clear = min(phone.after("media", clear.at) + phone.after("mark", clear.at))
+        after_clear = phone.after("media", clear.at) + phone.after("mark", clear.at)
+        first_after_clear = min(after_clear, key=lambda h: h.at)
         assert first_after_clear.at > second.end, "old reply after the clear"
         assert first_after_clear is new_reply
         await poll_call(

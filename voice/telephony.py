@@ -298,6 +298,8 @@ async def receive(websocket: WebSocket) -> str | bytes | None:
     """The next text or binary message; None once the socket is closed."""
     message = await websocket.receive()
     if message["type"] == "websocket.disconnect":
+        # 1000/1001: a normal hang-up; 1009: a frame over the size limit; 1006: the line dropped.
+        log.info("%s: socket closed, code %s", websocket.url.path, message.get("code"))
         return None
     text: str | None = message.get("text")
     if text is not None:
