@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import resource
@@ -14,12 +15,14 @@ from urllib.parse import parse_qsl
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from fastapi import FastAPI, Request, WebSocket
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pipeline.llm import LLMClient
 from pipeline.simulator import running_simulator
 from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
+from voice import metrics
 from voice.calls import CallsFull, Switchboard
 from voice.settings import Settings
 from voice.telephony import BadMessages, PhoneStream, ProtocolFactory, pump, wait_for_start
@@ -62,6 +65,32 @@ def _rss_bytes() -> int:
         return 0
 
 
+def authorized(request: Request) -> bool:
+    """Whether the request carries the API token (always true when none is configured)."""
+    token = request.app.state.settings.api_token
+    if token is None:
+        return True
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    expected = token.get_secret_value().encode()
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
+
+
+def unauthorized() -> JSONResponse:
+    response = error(401, "missing or wrong bearer token")
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+async def drain_then_exit(app: FastAPI) -> None:
+    """Drain this worker's calls, then ask the server to stop (if it gave a way to)."""
+    board: Switchboard = app.state.switchboard
+    await board.drain()
+    request_exit = getattr(app.state, "request_exit", None)
+    if request_exit is not None:
+        request_exit()
+
+
 def public_url(request: Request, settings: Settings) -> str:
     """The URL of this request as the provider called it (for signatures and links)."""
     base = settings.telephony.public_url
@@ -88,7 +117,7 @@ async def answer_phone_stream(
     if start is None:
         return
     try:
-        call_id = board.new_call_id(start.call_id or None)
+        call_id = board.new_call_id(protocol.name, start.call_id or None)
     except CallsFull as full:
         log.warning("%s: call %s refused: %s", route, start.call_id, full)
         await websocket.close(1013, "at capacity")
@@ -160,9 +189,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux reports KiB
         }
 
+    @app.get("/readyz")
+    async def ready(request: Request) -> JSONResponse:
+        """Readiness: 503 while draining, so load balancers send new calls elsewhere."""
+        board = switchboard(request)
+        status = "draining" if board.draining else "ready"
+        body = {"status": status, "active_calls": len(board.active)}
+        return JSONResponse(body, status_code=503 if board.draining else 200)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return PlainTextResponse(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/admin/drain")
+    async def drain(request: Request) -> JSONResponse:
+        """Stop admitting calls, let those in progress finish, then exit."""
+        if not authorized(request):
+            return unauthorized()
+        board = switchboard(request)
+        if not board.draining:
+            task = asyncio.create_task(drain_then_exit(request.app))
+            request.app.state.drain_task = task
+        return JSONResponse(
+            {"status": "draining", "active_calls": len(board.active)}, status_code=202
+        )
+
     @app.post("/offer")
     async def offer(request: Request) -> JSONResponse:
         settings: Settings = request.app.state.settings
+        if not authorized(request):
+            return unauthorized()
         data = await read_json_body(request, settings.max_body_bytes)
         if isinstance(data, JSONResponse):
             return data
@@ -173,7 +229,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return error(400, "field 'type' must be 'offer'")
         board = switchboard(request)
         try:
-            call_id = board.new_call_id()
+            call_id = board.new_call_id("webrtc")
         except CallsFull as full:
             return error(503, str(full))
         ice = [RTCIceServer(urls=url) for url in settings.webrtc.ice_servers]
@@ -208,8 +264,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 log.warning("twilio webhook: bad or missing signature for %s", url)
                 return xml("<Response/>", 403)
         board = switchboard(request)
-        if board.full:
-            log.warning("twilio webhook: at capacity, call %s rejected", params.get("CallSid"))
+        if board.full or board.draining:
+            metrics.REFUSED.labels(transport="twilio", reason="webhook").inc()
+            log.warning("twilio webhook: no line free, call %s rejected", params.get("CallSid"))
             return xml(reject_twiml(settings.telephony.busy_message))
         stream_url = public_url(request, settings).split("?")[0].rsplit("/twilio/", 1)[0]
         stream_url = stream_url.replace("https://", "wss://").replace("http://", "ws://")
@@ -238,16 +295,47 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             websocket, websocket.app.state.switchboard, VonageProtocol, "/vonage/stream"
         )
 
-    @app.get("/calls")
-    async def calls(request: Request) -> dict[str, object]:
+    @app.get("/calls", response_model=None)
+    async def calls(request: Request) -> dict[str, object] | JSONResponse:
+        if not authorized(request):
+            return unauthorized()
         board = switchboard(request)
         return {"calls": [call.summary() for call in board.active.values()]}
 
     @app.get("/calls/{call_id}", response_model=None)
     async def call_detail(call_id: str, request: Request) -> dict[str, object] | JSONResponse:
+        if not authorized(request):
+            return unauthorized()
         call = switchboard(request).get(call_id)
         if call is None:
             return error(404, f"unknown call {call_id}")
         return call.detail()
+
+    @app.post("/calls/{call_id}/hangup")
+    async def hang_up(call_id: str, request: Request) -> JSONResponse:
+        """End a call in progress on this worker."""
+        if not authorized(request):
+            return unauthorized()
+        if not await switchboard(request).hang_up(call_id, "hung up through the API"):
+            return error(404, f"no call {call_id} in progress")
+        return JSONResponse({"call_id": call_id, "status": "hung up"})
+
+    @app.post("/calls/{call_id}/say")
+    async def say(call_id: str, request: Request) -> JSONResponse:
+        """Speak a text into a call in progress (cutting off any reply)."""
+        if not authorized(request):
+            return unauthorized()
+        settings: Settings = request.app.state.settings
+        data = await read_json_body(request, settings.max_body_bytes)
+        if isinstance(data, JSONResponse):
+            return data
+        text = data.get("text")
+        if not isinstance(text, str) or not text.strip():
+            return error(400, "field 'text' must be a non-empty string")
+        call = switchboard(request).active.get(call_id)
+        if call is None:
+            return error(404, f"no call {call_id} in progress")
+        await call.conversation.say(text.strip())
+        return JSONResponse({"call_id": call_id, "status": "speaking"})
 
     return app

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pipeline.conversation import Conversation, LanguageModel, SpeechRecognizer, SpeechSynthesizer
 from pipeline.records import TurnRecord
 from pipeline.transport import Transport
+from voice import metrics
 from voice.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -83,15 +84,24 @@ class Switchboard:
         self.active: dict[str, Call] = {}
         self.finished: OrderedDict[str, Call] = OrderedDict()
         self._background: set[asyncio.Task[None]] = set()
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def full(self) -> bool:
         return len(self.active) >= self.settings.max_calls
 
-    def new_call_id(self, preferred: str | None = None) -> str:
-        """An id for a call about to start; CallsFull if this process is at capacity."""
-        if self.full:
-            raise CallsFull(f"at capacity ({self.settings.max_calls} calls)")
+    def new_call_id(self, transport: str, preferred: str | None = None) -> str:
+        """An id for a call about to start; CallsFull if this process takes no more calls."""
+        reason = "draining" if self.draining else "capacity" if self.full else None
+        if reason is not None:
+            metrics.REFUSED.labels(transport=transport, reason=reason).inc()
+            raise CallsFull(
+                "draining: no new calls"
+                if self.draining
+                else f"at capacity ({self.settings.max_calls} calls)"
+            )
         if preferred and preferred not in self.active and preferred not in self.finished:
             return preferred
         return uuid.uuid4().hex
@@ -125,6 +135,9 @@ class Switchboard:
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
         calls.append(call)
         self.active[call.call_id] = call
+        self._idle.clear()
+        metrics.ADMITTED.labels(transport=kind).inc()
+        metrics.ACTIVE_CALLS.set(len(self.active))
         call.task = asyncio.create_task(self._run(call, transport), name=f"call-{call.call_id}")
         log.info("call %s: admitted (%s), %d active", call.call_id, kind, len(self.active))
         return call
@@ -138,6 +151,9 @@ class Switchboard:
             await transport.close()
             call.ended_at = time.time()
             self.active.pop(call.call_id, None)
+            metrics.ACTIVE_CALLS.set(len(self.active))
+            if not self.active:
+                self._idle.set()
             self.finished[call.call_id] = call
             while len(self.finished) > _FINISHED_KEPT:
                 self.finished.popitem(last=False)
@@ -156,7 +172,21 @@ class Switchboard:
         return True
 
     def _on_turn(self, record: TurnRecord) -> None:
-        log.debug("turn record: %s", record)
+        metrics.observe_turn(record)
+
+    async def drain(self) -> None:
+        """Admit no new calls; wait for calls in progress to end (up to the drain timeout),
+        then hang up the rest."""
+        if not self.draining:
+            self.draining = True
+            metrics.DRAINING.set(1)
+            log.info("draining: %d calls in progress, no new calls", len(self.active))
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.settings.drain_timeout_s)
+        except TimeoutError:
+            log.warning("drain timeout: hanging up %d calls", len(self.active))
+            await self.shutdown()
+        log.info("drained")
 
     async def hang_up(self, call_id: str, reason: str) -> bool:
         call = self.active.get(call_id)

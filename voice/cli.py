@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import statistics
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 import uvicorn
+from fastapi import FastAPI
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
@@ -37,13 +39,39 @@ def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=fmt, handlers=[handler])
 
 
-class GracefulServer(uvicorn.Server):
-    """uvicorn re-raises SIGTERM after its graceful shutdown; a cleanly stopped server exits 0."""
+class DrainingServer(uvicorn.Server):
+    """uvicorn, except that SIGTERM drains first: no new calls, calls in progress finish (up
+    to the drain timeout), then the server stops and the process exits 0. A second SIGTERM,
+    or SIGINT, stops at once (calls are hung up)."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self.app = app
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+        app.state.request_exit = self._stop
+
+    def _stop(self) -> None:
+        self.should_exit = True
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        ready = self._loop is not None and hasattr(self.app.state, "switchboard")
+        if sig == signal.SIGTERM and not self._draining and ready:
+            self._draining = True
+            logging.getLogger(__name__).info("SIGTERM: draining before exit")
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
         super().handle_exit(sig, frame)
-        if sig == signal.SIGTERM and sig in self._captured_signals:
-            self._captured_signals.remove(sig)
+
+    def _start_drain(self) -> None:
+        from voice.app import drain_then_exit
+
+        self.app.state.drain_task = asyncio.create_task(drain_then_exit(self.app))
 
 
 @app.command()
@@ -65,14 +93,15 @@ def serve(
     if port is not None:
         overrides["port"] = port
     settings = Settings(**overrides)  # type: ignore[arg-type]
+    server_app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        server_app,
         host=settings.host,
         port=settings.port,
         log_config=None,
         ws_max_size=64 * 1024,
     )
-    GracefulServer(config).run()
+    DrainingServer(config, server_app).run()
 
 
 @app.command()

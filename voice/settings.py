@@ -57,6 +57,11 @@ class Settings(BaseSettings):
     port: int = 8080
     max_calls: int = 8  # concurrent calls this process admits; 503 beyond
     max_body_bytes: int = 64 * 1024  # largest accepted offer body
+    # Bearer token required on /offer, the calls API and the admin API when set.
+    api_token: SecretStr | None = None
+    # On SIGTERM or POST /admin/drain: stop admitting calls, let calls in progress go on this
+    # long at most, then hang up what is left and exit.
+    drain_timeout_s: float = 60.0
     warm_up: bool = True  # load and run every model once before accepting calls
 
     stt: STTSettings = Field(default_factory=STTSettings)  # WebRTC calls (wideband audio)

@@ -1,0 +1,31 @@
+"""Prometheus metrics of this process (prometheus-client, default registry), served at /metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from pipeline.records import STAGES, TurnRecord
+
+ACTIVE_CALLS = Gauge("hotline_active_calls", "Calls in progress on this worker.")
+DRAINING = Gauge("hotline_draining", "1 while this worker drains (admits no new calls).")
+ADMITTED = Counter("hotline_calls_admitted_total", "Calls admitted.", ["transport"])
+REFUSED = Counter("hotline_calls_refused_total", "Calls refused.", ["transport", "reason"])
+TURNS = Counter("hotline_turns_total", "Finished turns, by effort and tier.", ["effort", "tier"])
+INTERRUPTED = Counter("hotline_turns_interrupted_total", "Turns the caller talked over.")
+TURN_LATENCY = Histogram(
+    "hotline_turn_latency_seconds",
+    "Time from the end of the caller's speech to each stage of the reply.",
+    ["part"],
+    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0),
+)
+
+
+def observe_turn(record: TurnRecord) -> None:
+    """Count a finished turn and its latency parts."""
+    TURNS.labels(effort=record.effort or "none", tier=record.tier_used or "none").inc()
+    if record.interrupted:
+        INTERRUPTED.inc()
+    for part in STAGES:
+        ms = record.timings_ms.get(part)
+        if ms is not None:
+            TURN_LATENCY.labels(part=part).observe(ms / 1e3)
