@@ -169,6 +169,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="Hotline", lifespan=_lifespan)
     app.state.settings = settings or Settings()
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"error": "internal error"}, status_code=500)
+
     def switchboard(request: Request) -> Switchboard:
         board: Switchboard = request.app.state.switchboard
         return board
