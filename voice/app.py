@@ -237,7 +237,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             call_id = board.new_call_id("webrtc")
         except CallsFull as full:
             return error(503, str(full))
-        ice = [RTCIceServer(urls=url) for url in settings.webrtc.ice_servers]
+        ice = [
+            RTCIceServer(urls=server)
+            if isinstance(server, str)
+            else RTCIceServer(server.urls, server.username, server.credential)
+            for server in settings.webrtc.ice_servers
+        ]
         pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
         transport = WebRTCCall(call_id, pc, settings.webrtc.connect_timeout_s)
         try:

@@ -252,6 +252,15 @@ def connect(settings: SessionSettings) -> aioredis.Redis:
     return aioredis.Redis.from_url(url, **options)
 
 
+def _not_cancelled() -> bool:
+    """Raise CancelledError if this task was cancelled. Python 3.11's `asyncio.wait_for` (used by
+    fakeredis) can swallow a cancellation that races a reply; every loop here checks this."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+    return True
+
+
 def _redact(url: str) -> str:
     password = urlsplit(url).password
     return url.replace(password, "***") if password else url
@@ -492,7 +501,7 @@ class Sessions:
 
     async def _write_loop(self) -> None:
         delay = 0.02
-        while True:
+        while _not_cancelled():
             if not self._outbox:
                 self._empty.set()
                 self._wake.clear()
@@ -572,7 +581,7 @@ class Sessions:
                 self._enqueue(_Op("record", call))
 
     async def _beat_loop(self) -> None:
-        while True:
+        while _not_cancelled():
             with contextlib.suppress(*_DOWN):
                 await self._beat()
                 if time.monotonic() >= self._reap_after:
@@ -663,7 +672,7 @@ class Sessions:
         """The call's events from `since` (default: all kept), live, until its end; each has
         its stream `id` (pass it as `since` to resume). Waits out Redis outages."""
         key, last = self._call_keys(call_id)[2], since
-        while True:
+        while _not_cancelled():
             try:
                 reply = await self.redis.xread(
                     {key: last}, count=100, block=int(self._block_s * 1000)
@@ -702,7 +711,7 @@ class Sessions:
                 pipe.expire(inbox, max(60, int(timeout_s) + 1)),
             )
         )
-        while (left := deadline - time.monotonic()) > 0:
+        while _not_cancelled() and (left := deadline - time.monotonic()) > 0:
             try:
                 popped = await self.redis.blpop([reply_key], timeout=min(left, self._block_s))
             except _DOWN as exc:
@@ -718,7 +727,7 @@ class Sessions:
 
         A command for a call that is not (or no longer) here is acked with an error."""
         inbox = self._inbox(self.worker.worker_id)
-        while True:
+        while _not_cancelled():
             try:
                 popped = await self.redis.blpop([inbox], timeout=self._block_s)
             except _DOWN as exc:

@@ -18,14 +18,23 @@ from pipeline.tts import TTSSettings
 from pipeline.turns import TurnSettings
 
 
+class IceServer(BaseModel):
+    """A STUN or TURN server, as in the browser's RTCIceServer."""
+
+    urls: str | list[str]
+    username: str | None = None
+    credential: str | None = None
+
+
 class WebRTCSettings(BaseModel):
     """ICE options for the server's peer connections."""
 
     # Local addresses offered as ICE host candidates; empty = every interface but loopback
     # (aioice's default). Set ["127.0.0.1"] for calls from this machine only.
     ice_host_addresses: list[str] = Field(default_factory=list)
-    # STUN/TURN server URLs (e.g. "stun:stun.example.org:3478"); none by default: offline.
-    ice_servers: list[str] = Field(default_factory=list)
+    # STUN/TURN servers: URLs ("stun:stun.example.org:3478") or objects with credentials
+    # ({"urls": "turn:turn.example.org:3478", "username": …, "credential": …}); none by default.
+    ice_servers: list[str | IceServer] = Field(default_factory=list)
     # A caller whose media has not connected this long after the offer is hung up.
     connect_timeout_s: float = 20.0
 
