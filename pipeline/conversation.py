@@ -137,6 +137,7 @@ class Conversation:
         sentence_settings: SentenceSettings | None = None,
         on_turn: Callable[[TurnRecord], None] | None = None,
         on_key: Callable[[str], bool] | None = None,
+        on_event: Callable[[dict[str, object]], None] | None = None,
     ) -> None:
         """`on_key(digit)` sees each DTMF key first; returning True consumes it (e.g. "0" for a
         person); other keys are collected into a keypad turn that the LLM answers."""
@@ -153,6 +154,7 @@ class Conversation:
         self.barge_ins: list[float] = []  # monotonic speech onsets that interrupted a reply
         self._on_turn = on_turn
         self._on_key = on_key
+        self._on_event = on_event
         self._keypad: list[str] = []
         self._keypad_timer: asyncio.TimerHandle | None = None
         self._response: asyncio.Task[None] | None = None
@@ -164,6 +166,12 @@ class Conversation:
         self._early: tuple[int, asyncio.Task[Transcript]] | None = None
         # One stateful resampler for this call's outbound audio (TTS rate -> 16 kHz).
         self._resampler = soxr.ResampleStream(tts.sample_rate, SAMPLE_RATE, 1, dtype="int16")
+
+    def _emit(self, event: dict[str, object]) -> None:
+        """Tell the caller's screen (if any) and whoever watches the call."""
+        self.transport.send_event(event)
+        if self._on_event is not None:
+            self._on_event(event)
 
     async def run(self) -> None:
         """Serve the call until the caller hangs up or the transport ends."""
@@ -220,7 +228,7 @@ class Conversation:
 
     async def _key_pressed(self, digit: str) -> None:
         log.info("call %s: DTMF %s", self.call_id, digit)
-        self.transport.send_event({"type": "dtmf", "digit": digit})
+        self._emit({"type": "dtmf", "digit": digit})
         if self._on_key is not None and self._on_key(digit):
             return
         if not self._keypad and self._response is not None and not self._response.done():
@@ -308,7 +316,7 @@ class Conversation:
         """Answer what the caller said (or keyed in): LLM -> sentences -> TTS -> transport."""
         self._unanswered = ""
         turn = len(self.records) + 1
-        self.transport.send_event(
+        self._emit(
             {"type": "transcript", "role": "caller", "turn": turn, "text": said}
         )
         history = [*self.history, ChatMessage(role="user", content=said)]
@@ -412,7 +420,7 @@ class Conversation:
             " (interrupted)" if interrupted else "",
             record.timings_ms,
         )
-        self.transport.send_event(
+        self._emit(
             {
                 "type": "transcript",
                 "role": "bot",
@@ -421,7 +429,7 @@ class Conversation:
                 "interrupted": interrupted,
             }
         )
-        self.transport.send_event({"type": "turn", "record": record.to_dict()})
+        self._emit({"type": "turn", "record": record.to_dict()})
         if self._on_turn is not None:
             self._on_turn(record)
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
 import logging
+import os
 import resource
+import socket
 from collections.abc import AsyncIterator
 from importlib import resources
-from typing import Any
 from urllib.parse import parse_qsl
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
@@ -23,7 +22,9 @@ from pipeline.simulator import running_simulator
 from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
 from voice import metrics
+from voice.api import authorized, calls_api, error, read_json_body, unauthorized
 from voice.calls import CallsFull, Switchboard
+from voice.sessions import Sessions, WorkerInfo
 from voice.settings import Settings
 from voice.telephony import BadMessages, PhoneStream, ProtocolFactory, pump, wait_for_start
 from voice.telnyx import TelnyxProtocol
@@ -34,28 +35,6 @@ from voice.webrtc import WebRTCCall, restrict_ice_host_addresses, shorten_jitter
 log = logging.getLogger(__name__)
 
 
-def error(status: int, message: str) -> JSONResponse:
-    """A JSON error response, logged."""
-    log.warning("HTTP %d: %s", status, message)
-    return JSONResponse({"error": message}, status_code=status)
-
-
-async def read_json_body(request: Request, limit: int) -> dict[str, Any] | JSONResponse:
-    """The request body as a JSON object, or the error response to send instead."""
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            return error(413, f"body larger than {limit} bytes")
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return error(400, "body is not valid JSON")
-    if not isinstance(data, dict):
-        return error(400, "body must be a JSON object")
-    return data
-
-
 def _rss_bytes() -> int:
     """Resident set size now (Linux /proc; 0 where unavailable)."""
     try:
@@ -63,23 +42,6 @@ def _rss_bytes() -> int:
             return int(statm.read().split()[1]) * resource.getpagesize()
     except OSError:
         return 0
-
-
-def authorized(request: Request) -> bool:
-    """Whether the request carries the API token (always true when none is configured)."""
-    token = request.app.state.settings.api_token
-    if token is None:
-        return True
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    expected = token.get_secret_value().encode()
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
-
-
-def unauthorized() -> JSONResponse:
-    response = error(401, "missing or wrong bearer token")
-    response.headers["WWW-Authenticate"] = "Bearer"
-    return response
 
 
 async def drain_then_exit(app: FastAPI) -> None:
@@ -117,7 +79,9 @@ async def answer_phone_stream(
     if start is None:
         return
     try:
-        call_id = board.new_call_id(protocol.name, start.call_id or None)
+        call_id = await board.admit(
+            protocol.name, start.call_id or None, caller=start.caller, callee=start.callee
+        )
     except CallsFull as full:
         log.warning("%s: call %s refused: %s", route, start.call_id, full)
         await websocket.close(1013, "at capacity")
@@ -155,12 +119,24 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             )
         llm = LLMClient(settings.llm, base_url=base_url)
         stack.push_async_callback(llm.aclose)
-        switchboard = Switchboard(settings, stt=stt, phone_stt=phone_stt, llm=llm, tts=tts)
+        worker = WorkerInfo(
+            f"{socket.gethostname()}-{os.getpid()}",
+            address=f"{settings.host}:{settings.port}",
+            capacity=settings.max_calls,
+        )
+        sessions = await Sessions.open(settings.session_settings(), worker)
+        await sessions.start()
+        stack.push_async_callback(sessions.close)
+        switchboard = Switchboard(
+            settings, stt=stt, phone_stt=phone_stt, llm=llm, tts=tts, sessions=sessions
+        )
+        control = asyncio.create_task(switchboard.serve_control(), name="control")
         app.state.switchboard = switchboard
-        log.info("Hotline ready: %d calls at most", settings.max_calls)
+        log.info("Hotline ready: worker %s, %d calls at most", worker.worker_id, settings.max_calls)
         try:
             yield
         finally:
+            control.cancel()
             await switchboard.shutdown()
 
 
@@ -234,7 +210,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return error(400, "field 'type' must be 'offer'")
         board = switchboard(request)
         try:
-            call_id = board.new_call_id("webrtc")
+            call_id = await board.admit("webrtc")
         except CallsFull as full:
             return error(503, str(full))
         ice = [
@@ -253,6 +229,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as exc:  # aiortc raises many kinds on bad SDP
             await transport.close()
+            board.release(call_id)
             return error(400, f"malformed SDP offer: {exc}")
         board.start(call_id, transport, "webrtc")
         answer = pc.localDescription
@@ -305,47 +282,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             websocket, websocket.app.state.switchboard, VonageProtocol, "/vonage/stream"
         )
 
-    @app.get("/calls", response_model=None)
-    async def calls(request: Request) -> dict[str, object] | JSONResponse:
-        if not authorized(request):
-            return unauthorized()
-        board = switchboard(request)
-        return {"calls": [call.summary() for call in board.active.values()]}
-
-    @app.get("/calls/{call_id}", response_model=None)
-    async def call_detail(call_id: str, request: Request) -> dict[str, object] | JSONResponse:
-        if not authorized(request):
-            return unauthorized()
-        call = switchboard(request).get(call_id)
-        if call is None:
-            return error(404, f"unknown call {call_id}")
-        return call.detail()
-
-    @app.post("/calls/{call_id}/hangup")
-    async def hang_up(call_id: str, request: Request) -> JSONResponse:
-        """End a call in progress on this worker."""
-        if not authorized(request):
-            return unauthorized()
-        if not await switchboard(request).hang_up(call_id, "hung up through the API"):
-            return error(404, f"no call {call_id} in progress")
-        return JSONResponse({"call_id": call_id, "status": "hung up"})
-
-    @app.post("/calls/{call_id}/say")
-    async def say(call_id: str, request: Request) -> JSONResponse:
-        """Speak a text into a call in progress (cutting off any reply)."""
-        if not authorized(request):
-            return unauthorized()
-        settings: Settings = request.app.state.settings
-        data = await read_json_body(request, settings.max_body_bytes)
-        if isinstance(data, JSONResponse):
-            return data
-        text = data.get("text")
-        if not isinstance(text, str) or not text.strip():
-            return error(400, "field 'text' must be a non-empty string")
-        call = switchboard(request).active.get(call_id)
-        if call is None:
-            return error(404, f"no call {call_id} in progress")
-        await call.conversation.say(text.strip())
-        return JSONResponse({"call_id": call_id, "status": "speaking"})
-
+    app.include_router(calls_api)
     return app

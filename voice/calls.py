@@ -8,12 +8,15 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.conversation import Conversation, LanguageModel, SpeechRecognizer, SpeechSynthesizer
 from pipeline.records import TurnRecord
 from pipeline.transport import Transport
 from voice import metrics
+from voice.sessions import CallInfo, Sessions
 from voice.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -75,15 +78,17 @@ class Switchboard:
         phone_stt: SpeechRecognizer,
         llm: LanguageModel,
         tts: SpeechSynthesizer,
+        sessions: Sessions,
     ) -> None:
         self.settings = settings
+        self.sessions = sessions
         self.stt = stt
         self.phone_stt = phone_stt
         self.llm = llm
         self.tts = tts
         self.active: dict[str, Call] = {}
         self.finished: OrderedDict[str, Call] = OrderedDict()
-        self._background: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[object]] = set()
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -92,19 +97,32 @@ class Switchboard:
     def full(self) -> bool:
         return len(self.active) >= self.settings.max_calls
 
-    def new_call_id(self, transport: str, preferred: str | None = None) -> str:
-        """An id for a call about to start; CallsFull if this process takes no more calls."""
+    async def admit(
+        self,
+        transport: str,
+        preferred: str | None = None,
+        *,
+        caller: str | None = None,
+        callee: str | None = None,
+    ) -> str:
+        """Admit a call (this worker's limit and the cluster's, atomically in Redis) and return
+        its id; CallsFull with the reason if it may not start. Call `start` or `release` next."""
         reason = "draining" if self.draining else "capacity" if self.full else None
+        call_id = uuid.uuid4().hex
+        if preferred and preferred not in self.active and preferred not in self.finished:
+            call_id = preferred
+        if reason is None:
+            info = CallInfo(call_id, transport, caller=caller, callee=callee)
+            admission = await self.sessions.admit(info)
+            reason = None if admission.accepted else admission.reason
         if reason is not None:
             metrics.REFUSED.labels(transport=transport, reason=reason).inc()
-            raise CallsFull(
-                "draining: no new calls"
-                if self.draining
-                else f"at capacity ({self.settings.max_calls} calls)"
-            )
-        if preferred and preferred not in self.active and preferred not in self.finished:
-            return preferred
-        return uuid.uuid4().hex
+            raise CallsFull(f"call refused: {reason}")
+        return call_id
+
+    def release(self, call_id: str) -> None:
+        """Give back an admission whose call never started (e.g. its SDP was bad)."""
+        self.sessions.end_call(call_id, "failed")
 
     def get(self, call_id: str) -> Call | None:
         return self.active.get(call_id) or self.finished.get(call_id)
@@ -129,8 +147,9 @@ class Switchboard:
             settings=self.settings.conversation,
             turn_settings=self.settings.turns,
             sentence_settings=self.settings.sentences,
-            on_turn=self._on_turn,
+            on_turn=lambda record: self._on_turn(call_id, record),
             on_key=lambda digit: self._on_key(calls[0], digit),
+            on_event=lambda event: self.sessions.publish(call_id, event),
         )
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
         calls.append(call)
@@ -150,6 +169,7 @@ class Switchboard:
         finally:
             await transport.close()
             call.ended_at = time.time()
+            self.sessions.end_call(call.call_id)
             self.active.pop(call.call_id, None)
             metrics.ACTIVE_CALLS.set(len(self.active))
             if not self.active:
@@ -166,13 +186,32 @@ class Switchboard:
         call.wants_human = True
         log.info("call %s: caller asked for a person", call.call_id)
         call.conversation.transport.send_event({"type": "human_requested"})
-        task = asyncio.create_task(call.conversation.say(self.settings.telephony.human_message))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._spawn(call.conversation.say(self.settings.telephony.human_message))
         return True
 
-    def _on_turn(self, record: TurnRecord) -> None:
+    def _on_turn(self, call_id: str, record: TurnRecord) -> None:
         metrics.observe_turn(record)
+        self.sessions.append_turn(call_id, record.to_dict())  # never waits on Redis
+
+    async def serve_control(self) -> None:
+        """Carry out hang-up and say commands sent to this worker's calls from any worker."""
+        async for control in self.sessions.control_commands():
+            call = self.active.get(control.call_id)
+            if call is None:
+                await control.ack({"ok": False, "error": "unknown call"})
+            elif control.command == "hangup":
+                await control.ack({"ok": True, "status": "hung up"})
+                self._spawn(self.hang_up(control.call_id, "hung up through the API"))
+            elif control.command == "say" and isinstance(control.args.get("text"), str):
+                await call.conversation.say(str(control.args["text"]))
+                await control.ack({"ok": True, "status": "speaking"})
+            else:
+                await control.ack({"ok": False, "error": f"bad command {control.command!r}"})
+
+    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def drain(self) -> None:
         """Admit no new calls; wait for calls in progress to end (up to the drain timeout),
@@ -180,6 +219,7 @@ class Switchboard:
         if not self.draining:
             self.draining = True
             metrics.DRAINING.set(1)
+            await self.sessions.set_draining(True)
             log.info("draining: %d calls in progress, no new calls", len(self.active))
         try:
             await asyncio.wait_for(self._idle.wait(), self.settings.drain_timeout_s)

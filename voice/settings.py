@@ -16,6 +16,7 @@ from pipeline.simulator import SimulatorSettings
 from pipeline.stt import STTSettings
 from pipeline.tts import TTSSettings
 from pipeline.turns import TurnSettings
+from voice.sessions import SessionSettings
 
 
 class IceServer(BaseModel):
@@ -86,3 +87,12 @@ class Settings(BaseSettings):
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
     webrtc: WebRTCSettings = Field(default_factory=WebRTCSettings)
     telephony: TelephonySettings = Field(default_factory=TelephonySettings)
+    # Redis shared by every worker (HOTLINE_REDIS_URL); unset: an in-process store, one worker.
+    redis_url: str | None = None
+    sessions: SessionSettings = Field(default_factory=SessionSettings)
+
+    def session_settings(self) -> SessionSettings:
+        """The sessions settings, with HOTLINE_REDIS_URL applied."""
+        if self.redis_url is None:
+            return self.sessions
+        return self.sessions.model_copy(update={"redis_url": self.redis_url})

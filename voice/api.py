@@ -1,0 +1,174 @@
+"""The calls API, on every worker: list, inspect, watch live, hang up and speak into any call of
+the cluster (through Redis when the call lives on another worker). Bearer token when set."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import JSONResponse
+from starlette.websockets import WebSocketDisconnect
+
+from voice.calls import Switchboard
+from voice.sessions import NoAck, Sessions, SessionsUnavailable, UnknownCall
+
+log = logging.getLogger(__name__)
+
+calls_api = APIRouter()
+
+
+def error(status: int, message: str) -> JSONResponse:
+    """A JSON error response, logged."""
+    log.warning("HTTP %d: %s", status, message)
+    return JSONResponse({"error": message}, status_code=status)
+
+
+async def read_json_body(request: Request, limit: int) -> dict[str, Any] | JSONResponse:
+    """The request body as a JSON object, or the error response to send instead."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return error(413, f"body larger than {limit} bytes")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return error(400, "body is not valid JSON")
+    if not isinstance(data, dict):
+        return error(400, "body must be a JSON object")
+    return data
+
+
+def authorized(request: Request) -> bool:
+    """Whether the request carries the API token (always true when none is configured)."""
+    token = request.app.state.settings.api_token
+    if token is None:
+        return True
+    header = request.headers.get("authorization", "")
+    scheme, _, given = header.partition(" ")
+    expected = token.get_secret_value().encode()
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
+
+
+def unauthorized() -> JSONResponse:
+    response = error(401, "missing or wrong bearer token")
+    response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def _board(request: Request | WebSocket) -> Switchboard:
+    board: Switchboard = request.app.state.switchboard
+    return board
+
+
+@calls_api.get("/calls", response_model=None)
+async def list_calls(request: Request) -> dict[str, object] | JSONResponse:
+    """Calls in progress on every worker."""
+    if not authorized(request):
+        return unauthorized()
+    try:
+        calls = await _board(request).sessions.active_calls()
+    except SessionsUnavailable as exc:
+        return error(503, f"call registry unavailable: {exc}")
+    return {"calls": [_summary(_board(request), info.__dict__) for info in calls]}
+
+
+def _summary(board: Switchboard, info: dict[str, Any]) -> dict[str, Any]:
+    local = board.get(str(info["call_id"]))
+    return {**info, **(local.summary() if local is not None else {})}
+
+
+@calls_api.get("/calls/{call_id}", response_model=None)
+async def call_detail(call_id: str, request: Request) -> dict[str, object] | JSONResponse:
+    """A call's record and transcript (turns), from this worker or the registry."""
+    if not authorized(request):
+        return unauthorized()
+    local = _board(request).get(call_id)
+    if local is not None:
+        return local.detail()
+    try:
+        found = await _board(request).sessions.get_call(call_id)
+    except SessionsUnavailable as exc:
+        return error(503, f"call registry unavailable: {exc}")
+    if found is None:
+        return error(404, f"unknown call {call_id}")
+    info, turns = found
+    return {**info.__dict__, "turns": len(turns), "records": turns}
+
+
+@calls_api.websocket("/calls/{call_id}/live")
+async def watch_call(websocket: WebSocket, call_id: str) -> None:
+    """The call's events as JSON messages (transcripts, turn timings, state), from any worker."""
+    if not authorized_socket(websocket):
+        await websocket.close(1008, "missing or wrong bearer token")
+        return
+    sessions: Sessions = _board(websocket).sessions
+    try:
+        found = await sessions.get_call(call_id)
+    except SessionsUnavailable:
+        await websocket.close(1013, "call registry unavailable")
+        return
+    if found is None:
+        await websocket.close(1008, f"unknown call {call_id}")
+        return
+    await websocket.accept()
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        async for event in sessions.watch(call_id):
+            await websocket.send_text(json.dumps(event))
+        await websocket.close(1000, "call ended")
+
+
+def authorized_socket(websocket: WebSocket) -> bool:
+    """The API token on a websocket: the Authorization header or a `token` query parameter
+    (browsers cannot set headers on websockets)."""
+    token = websocket.app.state.settings.api_token
+    if token is None:
+        return True
+    given = websocket.query_params.get("token", "")
+    header = websocket.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        given = header[7:].strip()
+    return hmac.compare_digest(given.encode(), token.get_secret_value().encode())
+
+
+async def _control(
+    request: Request, call_id: str, command: str, args: dict[str, Any]
+) -> JSONResponse:
+    """Run a command on the worker that owns the call, and return its acknowledgement."""
+    try:
+        ack = await _board(request).sessions.send_control(call_id, command, args)
+    except UnknownCall:
+        return error(404, f"no call {call_id} in progress")
+    except NoAck:
+        return error(504, f"the worker holding call {call_id} did not answer")
+    except SessionsUnavailable as exc:
+        return error(503, f"call registry unavailable: {exc}")
+    if not ack.get("ok"):
+        return error(404, str(ack.get("error", "command failed")))
+    return JSONResponse({"call_id": call_id, **{k: v for k, v in ack.items() if k != "ok"}})
+
+
+@calls_api.post("/calls/{call_id}/hangup")
+async def hang_up(call_id: str, request: Request) -> JSONResponse:
+    """End a call in progress, wherever it lives."""
+    if not authorized(request):
+        return unauthorized()
+    return await _control(request, call_id, "hangup", {})
+
+
+@calls_api.post("/calls/{call_id}/say")
+async def say(call_id: str, request: Request) -> JSONResponse:
+    """Speak a text into a call in progress (cutting off any reply), wherever it lives."""
+    if not authorized(request):
+        return unauthorized()
+    data = await read_json_body(request, request.app.state.settings.max_body_bytes)
+    if isinstance(data, JSONResponse):
+        return data
+    text = data.get("text")
+    if not isinstance(text, str) or not text.strip():
+        return error(400, "field 'text' must be a non-empty string")
+    return await _control(request, call_id, "say", {"text": text.strip()})
