@@ -316,9 +316,7 @@ class Conversation:
         """Answer what the caller said (or keyed in): LLM -> sentences -> TTS -> transport."""
         self._unanswered = ""
         turn = len(self.records) + 1
-        self._emit(
-            {"type": "transcript", "role": "caller", "turn": turn, "text": said}
-        )
+        self._emit({"type": "transcript", "role": "caller", "turn": turn, "text": said})
         history = [*self.history, ChatMessage(role="user", content=said)]
         stream = self.llm.stream(history)
         spoken: list[_Spoken] = []
