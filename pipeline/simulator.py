@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import random
 import socket
@@ -31,11 +30,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from pipeline.simulator_wire import (
-    JSON,
+    BadRequest,
     Plan,
     chat_completion,
     chat_events,
     error_body,
+    json_body,
+    optional_field,
+    parse_messages,
+    required_field,
     response_events,
     response_object,
     status_error,
@@ -170,76 +173,12 @@ class SimulatorStats:
                 await self._changed.wait()
 
 
-class _BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.param, self.code = message, param, code
-
-
 def _reply_words(messages: list[tuple[str, str]], answers: list[str]) -> list[str]:
     heard = next((" ".join(t.split()) for role, t in reversed(messages) if role == "user"), "")
     heard = heard.rstrip(" .!?,;:")
     digest = hashlib.sha256(heard.encode()).digest()
     answer = answers[int.from_bytes(digest[:4], "big") % len(answers)]
     return (f"You said: {heard}. {answer}" if heard else answer).split()
-
-
-# ---------------------------------------------------------------- request parsing
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict)]
-        return " ".join(t for t in texts if isinstance(t, str))
-    return ""
-
-
-def _messages(items: Any, param: str) -> list[tuple[str, str]]:
-    if not isinstance(items, list) or not items:
-        raise _BadRequest(f"Invalid '{param}': expected a non-empty array.", param, "invalid_value")
-    out: list[tuple[str, str]] = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise _BadRequest(f"Invalid '{param}[{i}]': expected an object.", f"{param}[{i}]")
-        role = item.get("role")
-        if role is None and param == "input":
-            continue  # tool outputs, reasoning items...: no caller text
-        if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise _BadRequest(f"Invalid value for '{param}[{i}].role'.", f"{param}[{i}].role")
-        out.append((str(role), _text_of(item.get("content"))))
-    return out
-
-
-def _field(body: JSON, key: str, kind: type, label: str | None = None) -> Any:
-    """An optional field of the given JSON type (bool is not an int here)."""
-    value = body.get(key)
-    if value is None or (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
-        return value
-    raise _BadRequest(f"Invalid type for '{label or key}': expected {kind.__name__}.", label or key)
-
-
-def _required(body: JSON, key: str) -> Any:
-    if body.get(key) is None:
-        raise _BadRequest(
-            f"Missing required parameter: '{key}'.", key, "missing_required_parameter"
-        )
-    return body[key]
-
-
-async def _json_body(request: Request) -> JSON:
-    try:
-        body = json.loads(await request.body())
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        raise _BadRequest(
-            "We could not parse the JSON body of your request. (HINT: This likely means you "
-            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, "
-            "but what was sent was not valid JSON.)"
-        )
-    return body
 
 
 # ---------------------------------------------------------------- the app
@@ -259,7 +198,7 @@ class _Simulator:
             return self.settings.default_profile
         if service_tier not in self.settings.service_tiers:
             allowed = ", ".join(repr(t) for t in self.settings.service_tiers)
-            raise _BadRequest(
+            raise BadRequest(
                 f"Invalid value for 'service_tier': {service_tier!r}. Supported values are: "
                 f"{allowed}.",
                 "service_tier",
@@ -274,14 +213,14 @@ class _Simulator:
         if effort not in s.reasoning_tokens:
             param = "reasoning_effort" if request.api == "chat" else "reasoning.effort"
             allowed = ", ".join(repr(e) for e in s.reasoning_tokens)
-            raise _BadRequest(
+            raise BadRequest(
                 f"Invalid value for '{param}': {effort!r}. Supported values are: {allowed}.",
                 param,
                 "invalid_value",
             )
         if request.max_tokens is not None and request.max_tokens < 1:
             param = "max_completion_tokens" if request.api == "chat" else "max_output_tokens"
-            raise _BadRequest(f"Invalid '{param}': integer below minimum value 1.", param)
+            raise BadRequest(f"Invalid '{param}': integer below minimum value 1.", param)
         words = _reply_words(request.messages, s.answers)
         cap = request.max_tokens if request.max_tokens is not None else 1 << 30
         reasoning = min(s.reasoning_tokens[effort], cap)
@@ -378,15 +317,15 @@ async def _paced(events: list[tuple[float, bytes]]) -> AsyncIterator[bytes]:
 
 async def _chat(request: Request) -> Response:
     sim: _Simulator = request.app.state.simulator
-    body = await _json_body(request)
-    model = _required(body, "model")
-    messages = _messages(_required(body, "messages"), "messages")
-    cap = _field(body, "max_completion_tokens", int)
-    cap = _field(body, "max_tokens", int) if cap is None else cap
-    tier = _field(body, "service_tier", str)
-    stream = bool(_field(body, "stream", bool))
-    include_usage = bool((_field(body, "stream_options", dict) or {}).get("include_usage"))
-    effort = _field(body, "reasoning_effort", str)
+    body = await json_body(request)
+    model = required_field(body, "model")
+    messages = parse_messages(required_field(body, "messages"), "messages")
+    cap = optional_field(body, "max_completion_tokens", int)
+    cap = optional_field(body, "max_tokens", int) if cap is None else cap
+    tier = optional_field(body, "service_tier", str)
+    stream = bool(optional_field(body, "stream", bool))
+    include_usage = bool((optional_field(body, "stream_options", dict) or {}).get("include_usage"))
+    effort = optional_field(body, "reasoning_effort", str)
     profile = sim.profile_for(tier)
     plan = sim.plan(
         SimulatedRequest("chat", str(model), messages, tier, effort, cap, stream, profile)
@@ -397,17 +336,19 @@ async def _chat(request: Request) -> Response:
 
 async def _responses(request: Request) -> Response:
     sim: _Simulator = request.app.state.simulator
-    body = await _json_body(request)
-    model = _required(body, "model")
-    given = _required(body, "input")
-    messages = [("user", given)] if isinstance(given, str) else _messages(given, "input")
-    instructions = _field(body, "instructions", str)
+    body = await json_body(request)
+    model = required_field(body, "model")
+    given = required_field(body, "input")
+    messages = [("user", given)] if isinstance(given, str) else parse_messages(given, "input")
+    instructions = optional_field(body, "instructions", str)
     if instructions:
         messages.insert(0, ("system", instructions))
-    cap = _field(body, "max_output_tokens", int)
-    tier = _field(body, "service_tier", str)
-    stream = bool(_field(body, "stream", bool))
-    effort = _field(_field(body, "reasoning", dict) or {}, "effort", str, "reasoning.effort")
+    cap = optional_field(body, "max_output_tokens", int)
+    tier = optional_field(body, "service_tier", str)
+    stream = bool(optional_field(body, "stream", bool))
+    effort = optional_field(
+        optional_field(body, "reasoning", dict) or {}, "effort", str, "reasoning.effort"
+    )
     profile = sim.profile_for(tier)
     req = SimulatedRequest("responses", str(model), messages, tier, effort, cap, stream, profile)
     plan = sim.plan(req, instructions)
@@ -421,7 +362,7 @@ async def _models(request: Request) -> Response:
 
 
 async def _bad_request(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, _BadRequest)
+    assert isinstance(exc, BadRequest)
     return JSONResponse(error_body(exc.message, "invalid_request_error", exc.param, exc.code), 400)
 
 
@@ -439,7 +380,7 @@ def create_simulator_app(settings: SimulatorSettings | None = None) -> Starlette
         Route("/v1/models", _models, methods=["GET"]),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
-        _BadRequest: _bad_request
+        BadRequest: _bad_request
     }
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=_lifespan)
     app.state.simulator = _Simulator(settings or SimulatorSettings())

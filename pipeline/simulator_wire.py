@@ -3,7 +3,9 @@
 One simulated generation is a `Plan`, timed on the event loop's monotonic clock. This module turns
 it into Chat Completions responses and chunks (ending in ``[DONE]``), Responses API objects and
 the Responses event sequence, usage blocks, error bodies and SSE framing. Streamed events come as
-``(due time, bytes)`` pairs; the simulator paces them.
+``(due time, bytes)`` pairs; the simulator paces them. Requests are read the other way: `json_body`,
+`required_field`, `optional_field` and `parse_messages` raise `BadRequest`, which the simulator
+answers with a 400 error body.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from starlette.requests import Request
 
 JSON = dict[str, Any]
 
@@ -265,3 +269,67 @@ def response_events(plan: Plan) -> list[tuple[float, bytes]]:
     done = "response.completed" if plan.finish_reason == "stop" else "response.incomplete"
     emit(plan.end_at(), done, response=response_object(plan, final=True))
     return events
+
+
+# ---------------------------------------------------------------- request parsing
+
+
+class BadRequest(Exception):
+    """A malformed request: the simulator answers 400 with an OpenAI error body."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+def text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict)]
+        return " ".join(t for t in texts if isinstance(t, str))
+    return ""
+
+
+def parse_messages(items: Any, param: str) -> list[tuple[str, str]]:
+    if not isinstance(items, list) or not items:
+        raise BadRequest(f"Invalid '{param}': expected a non-empty array.", param, "invalid_value")
+    out: list[tuple[str, str]] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadRequest(f"Invalid '{param}[{i}]': expected an object.", f"{param}[{i}]")
+        role = item.get("role")
+        if role is None and param == "input":
+            continue  # tool outputs, reasoning items...: no caller text
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise BadRequest(f"Invalid value for '{param}[{i}].role'.", f"{param}[{i}].role")
+        out.append((str(role), text_of(item.get("content"))))
+    return out
+
+
+def optional_field(body: JSON, key: str, kind: type, label: str | None = None) -> Any:
+    """An optional field of the given JSON type (bool is not an int here)."""
+    value = body.get(key)
+    if value is None or (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
+        return value
+    raise BadRequest(f"Invalid type for '{label or key}': expected {kind.__name__}.", label or key)
+
+
+def required_field(body: JSON, key: str) -> Any:
+    if body.get(key) is None:
+        raise BadRequest(f"Missing required parameter: '{key}'.", key, "missing_required_parameter")
+    return body[key]
+
+
+async def json_body(request: Request) -> JSON:
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise BadRequest(
+            "We could not parse the JSON body of your request. (HINT: This likely means you "
+            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, "
+            "but what was sent was not valid JSON.)"
+        )
+    return body

@@ -9,17 +9,13 @@ import pytest
 from pipeline.stt import SpeechToText
 from tests.speech import RATE, concat, espeak, silence
 from voice.wer import (
-    CORPUS,
-    VOICES,
-    StudyReport,
-    Trial,
     WordErrors,
     normalize,
-    run_study,
     telephone,
     word_error_rate,
     word_errors,
 )
+from voice.wer_study import CORPUS, VOICES, StudyReport, Trial, run_study
 
 # -- word error rate ------------------------------------------------------------------------
 

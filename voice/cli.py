@@ -212,6 +212,6 @@ def wer(
     verbose: Annotated[bool, typer.Option(help="Print every transcript")] = False,
 ) -> None:
     """Word error rate of the STT models on clean and telephone (8 kHz μ-law) speech."""
-    from voice.wer import print_study
+    from voice.wer_study import print_study
 
     print_study(tuple(model or ("tiny.en", "base")), verbose=verbose)
