@@ -149,7 +149,7 @@ class Switchboard:
             sentence_settings=self.settings.sentences,
             on_turn=lambda record: self._on_turn(call_id, record),
             on_key=lambda digit: self._on_key(calls[0], digit),
-            on_event=lambda event: self.sessions.publish(call_id, event),
+            on_event=lambda event: self._on_event(call_id, event),
         )
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
         calls.append(call)
@@ -188,6 +188,10 @@ class Switchboard:
         call.conversation.transport.send_event({"type": "human_requested"})
         self._spawn(call.conversation.say(self.settings.telephony.human_message))
         return True
+
+    def _on_event(self, call_id: str, event: dict[str, object]) -> None:
+        if event.get("type") != "turn":  # append_turn publishes the turn along with storing it
+            self.sessions.publish(call_id, event)
 
     def _on_turn(self, call_id: str, record: TurnRecord) -> None:
         metrics.observe_turn(record)

@@ -451,6 +451,7 @@ class Sessions:
         calls = [
             decode(CallInfo, record, call_id=c, worker_id=owners[c])
             for c, record in zip(ids, records, strict=True)
+            if record  # admitted a moment ago: its record is on its way
         ]
         return sorted(calls, key=lambda call: call.started_at)
 
