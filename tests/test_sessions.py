@@ -18,15 +18,9 @@ import pytest
 
 from pipeline.records import TurnRecord
 from tests.redis_server import RedisServer
-from voice.sessions import (
-    CallInfo,
-    NoAck,
-    Sessions,
-    SessionSettings,
-    UnknownCall,
-    WorkerInfo,
-    connect,
-)
+from voice.redis_store import connect
+from voice.session_records import CallInfo, NoAck, SessionSettings, UnknownCall, WorkerInfo
+from voice.sessions import Sessions
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
 from voice.calls import Switchboard
-from voice.sessions import NoAck, Sessions, SessionsUnavailable, UnknownCall
+from voice.session_records import NoAck, SessionsUnavailable, UnknownCall
+from voice.sessions import Sessions
 
 log = logging.getLogger(__name__)
 

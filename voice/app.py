@@ -24,7 +24,8 @@ from pipeline.tts import TextToSpeech
 from voice import metrics
 from voice.api import authorized, calls_api, error, read_json_body, unauthorized
 from voice.calls import CallsFull, Switchboard
-from voice.sessions import Sessions, WorkerInfo
+from voice.session_records import WorkerInfo
+from voice.sessions import Sessions
 from voice.settings import Settings
 from voice.telephony import BadMessages, PhoneStream, ProtocolFactory, pump, wait_for_start
 from voice.telnyx import TelnyxProtocol

@@ -16,7 +16,8 @@ from pipeline.conversation import Conversation, LanguageModel, SpeechRecognizer,
 from pipeline.records import TurnRecord
 from pipeline.transport import Transport
 from voice import metrics
-from voice.sessions import CallInfo, Sessions
+from voice.session_records import CallInfo
+from voice.sessions import Sessions
 from voice.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,6 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
-from pydantic import BaseModel
 from redis.exceptions import RedisError
 
 from voice.redis_store import (
@@ -34,6 +33,7 @@ from voice.redis_store import (
     Op,
     active_key,
     call_keys,
+    connect,
     control_list,
     decode,
     encode,
@@ -44,71 +44,18 @@ from voice.redis_store import (
     worker_keys,
     workers_key,
 )
-from voice.redis_store import connect as connect
+from voice.session_records import (
+    TERMINAL_STATES,
+    Admission,
+    CallInfo,
+    NoAck,
+    SessionSettings,
+    SessionsUnavailable,
+    UnknownCall,
+    WorkerInfo,
+)
 
 log = logging.getLogger(__name__)
-
-TERMINAL_STATES = frozenset({"ended", "lost", "failed"})
-
-
-class SessionSettings(BaseModel):
-    """Where the cluster's shared state lives and how long it is kept."""
-
-    # None: an in-process store (one process is the whole cluster). Otherwise redis://,
-    # rediss://, or redis+sentinel://[:password@]host:port[,host:port]/[master[/db]].
-    redis_url: str | None = None
-    cluster: bool = False  # redis_url names a Redis Cluster node
-    sentinel_master: str | None = None  # master name when the sentinel URL has none
-    key_prefix: str = "hotline"
-    heartbeat_s: float = 1.0
-    worker_ttl_s: float = 3.0  # a worker silent this long is dead; its calls become `lost`
-    retention_s: int = 7 * 24 * 3600  # call records and streams, after their last write
-    cluster_limit: int | None = None  # concurrent calls across all workers; None: no limit
-    fail_open: bool = False  # admit calls while Redis is unreachable
-    socket_timeout_s: float = 1.0  # every Redis command, so an outage never blocks a call
-    outbox_limit: int = 10_000  # writes kept in memory during an outage (events dropped first)
-
-
-@dataclass
-class WorkerInfo:
-    worker_id: str
-    address: str = ""
-    capacity: int = 8  # this worker's concurrent-call limit
-    active_calls: int = 0
-    draining: bool = False
-    started_at: float = field(default_factory=time.time)
-    heartbeat_at: float = 0.0
-
-
-@dataclass
-class CallInfo:
-    call_id: str
-    transport: str = ""
-    worker_id: str = ""
-    caller: str | None = None
-    callee: str | None = None
-    state: str = "active"
-    started_at: float = field(default_factory=time.time)
-    ended_at: float | None = None
-    arm: str | None = None  # experiment arm
-
-
-@dataclass(frozen=True)
-class Admission:
-    accepted: bool
-    reason: str  # ok | draining | duplicate | worker_full | cluster_full | redis_unavailable
-
-
-class SessionsUnavailable(Exception):
-    """Redis could not be reached for a read or a control message."""
-
-
-class UnknownCall(LookupError):
-    """No active call has this id."""
-
-
-class NoAck(Exception):
-    """The worker that owns the call did not acknowledge in time."""
 
 
 @dataclass

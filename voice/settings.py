@@ -16,7 +16,7 @@ from pipeline.simulator import SimulatorSettings
 from pipeline.stt import STTSettings
 from pipeline.tts import TTSSettings
 from pipeline.turns import TurnSettings
-from voice.sessions import SessionSettings
+from voice.session_records import SessionSettings
 
 
 class IceServer(BaseModel):
