@@ -58,7 +58,8 @@ async def test_a_phone_call_through_the_webhook_answers_two_turns(server: Server
     for record in records:
         print(f"server parts (ms): {record['timings_ms']}")
         assert not record["interrupted"]
-    assert "paris" in words(str(records[1]["caller_text"]))
+    # The server heard the second turn ("Paris" itself sometimes comes out "pairs" at 8 kHz).
+    assert {"weather", "tomorrow"} <= words(str(records[1]["caller_text"]))
     # Marks came back for every sentence the phone played.
     assert len(result.marks_echoed) >= 2
 
