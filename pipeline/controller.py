@@ -61,6 +61,7 @@ p90: "nothing fits the 1000 ms budget: fastest is none on standard at p90 1572 m
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -140,6 +141,11 @@ class TurnContext:
     spent_ms: float  # end of caller speech -> now (end-of-turn wait, STT)
     prompt_tokens: int = 0
     tiers_available: Sequence[TierOption] = DEFAULT_TIERS
+    budget_ms: float | None = None  # None: the settings' budget
+    # A fixed arm: always this effort (the nearest one the tier offers), on this tier while it
+    # is available (None: the first available). Predictions are still made and recorded.
+    fixed_effort: str | None = None
+    fixed_tier: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +167,7 @@ class TurnPlan:
     predicted_first_audio_ms: float
     fits: bool  # False: nothing fitted the budget; this is the fastest option
     reason: str
+    budget_ms: float = 0.0  # the budget this plan was made for
     filler: str | None = None  # speak this at once, before the reply
     hedge: TurnPlan | None = None  # fire at first_token_deadline_ms if no token has come
 
@@ -314,8 +321,11 @@ class Controller:
         if not tiers:
             tiers = list(ctx.tiers_available)
             notes.append("every tier is cooling down: using them anyway")
+        budget = self.settings.budget_ms if ctx.budget_ms is None else ctx.budget_ms
+        if ctx.fixed_effort is not None:
+            return self._plan_fixed(ctx, tiers, budget, notes)
         options = self._options(tiers, ctx.spent_ms, ctx.prompt_tokens)
-        chosen, fits = self._pick(options)
+        chosen, fits = self._pick(options, budget)
         hedge = None
         if self.settings.hedge:
             deadline = chosen.prediction.first_token_ms
@@ -325,15 +335,42 @@ class Controller:
                 if o.tier.name != chosen.tier.name or o.rank < chosen.rank
             ]
             if alternatives:
-                alt, alt_fits = self._pick(alternatives)
+                alt, alt_fits = self._pick(alternatives, budget)
                 why = f"hedge if no first token by {deadline:.0f} ms"
-                hedge = self._plan(alt, alt_fits, [why], None, None)
+                hedge = self._plan(alt, alt_fits, budget, [why], None, None)
         filler = None
         if not fits and self.settings.filler:
             phrases = self.settings.filler_phrases
             filler = phrases[self._fillers % len(phrases)]
             self._fillers += 1
-        return self._plan(chosen, fits, notes, filler, hedge, options)
+        return self._plan(chosen, fits, budget, notes, filler, hedge, options)
+
+    def _plan_fixed(
+        self, ctx: TurnContext, tiers: list[TierOption], budget: float, notes: list[str]
+    ) -> TurnPlan:
+        """A fixed arm's plan: its effort on its tier (or the next available), with predictions."""
+        assert ctx.fixed_effort is not None
+        want = self._ranks.get(ctx.fixed_effort)
+        if want is None:
+            raise ValueError(
+                f"unknown effort {ctx.fixed_effort!r}; known: {', '.join(self._ranks)}"
+            )
+        tier = next((t for t in tiers if t.name == ctx.fixed_tier), tiers[0])
+        if ctx.fixed_tier is not None and tier.name != ctx.fixed_tier:
+            notes.append(f"{ctx.fixed_tier} unavailable")
+        # the arm's effort if offered, else the nearest below it, else the lowest offered
+        offered = sorted(self._ranks[e] for e in tier.efforts)
+        rank = max((r for r in offered if r <= want), default=offered[0])
+        effort = next(e for e, r in self._ranks.items() if r == rank)
+        o = _Option(tier, effort, rank, self.predict(tier, effort, ctx.spent_ms, ctx.prompt_tokens))
+        fits = o.prediction.first_audio_ms <= budget
+        q = f"p{round(self.settings.quantile * 100)}"
+        at = o.prediction.first_audio_ms
+        verdict = "fits" if fits else "exceeds"
+        why = f"fixed arm: {effort} on {tier.name}; {q} first audio {at:.0f} ms {verdict} the"
+        why += f" {budget:.0f} ms budget"
+        plan = self._plan(o, fits, budget, notes, None, None)
+        return dataclasses.replace(plan, reason="; ".join([why, *notes]))
 
     def _options(self, tiers: Sequence[TierOption], spent_ms: float, prompt: int) -> list[_Option]:
         return [
@@ -342,8 +379,7 @@ class Controller:
             for e in t.efforts
         ]
 
-    def _pick(self, options: list[_Option]) -> tuple[_Option, bool]:
-        budget = self.settings.budget_ms
+    def _pick(self, options: list[_Option], budget: float) -> tuple[_Option, bool]:
         fitting = [o for o in options if o.prediction.first_audio_ms <= budget]
         if not fitting:
             return min(options, key=lambda o: o.prediction.first_audio_ms), False
@@ -357,6 +393,7 @@ class Controller:
         self,
         o: _Option,
         fits: bool,
+        budget: float,
         notes: list[str],
         filler: str | None,
         hedge: TurnPlan | None,
@@ -366,13 +403,13 @@ class Controller:
         at = o.prediction.first_audio_ms
         if fits:
             reason = f"{o.effort} on {o.tier.name}: {q} first audio {at:.0f} ms fits the"
-            reason += f" {s.budget_ms:.0f} ms budget"
+            reason += f" {budget:.0f} ms budget"
             higher = [p for p in options or [] if p.rank > o.rank]
             if higher:
                 nxt = min(higher, key=lambda p: (p.rank, p.prediction.first_audio_ms))
                 reason += f"; {nxt.effort} would take {nxt.prediction.first_audio_ms:.0f} ms"
         else:
-            reason = f"nothing fits the {s.budget_ms:.0f} ms budget: fastest is {o.effort} on"
+            reason = f"nothing fits the {budget:.0f} ms budget: fastest is {o.effort} on"
             reason += f" {o.tier.name} at {q} {at:.0f} ms"
         reasoning = self._reasoning_of(o.tier.name, o.effort)
         return TurnPlan(
@@ -384,6 +421,7 @@ class Controller:
             predicted_first_audio_ms=at,
             fits=fits,
             reason="; ".join([reason, *notes]),
+            budget_ms=budget,
             filler=filler,
             hedge=hedge,
         )
@@ -439,6 +477,7 @@ def decision_record(plan: TurnPlan, outcome: TurnOutcome) -> dict[str, object]:
         "planned_effort": plan.effort,
         "taken": taken,
         "reason": plan.reason,
+        "budget_ms": plan.budget_ms,
         "fits": plan.fits,
         "filler": plan.filler,
         "first_token_deadline_ms": round(plan.first_token_deadline_ms, 1),

@@ -17,9 +17,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import EllipsisType
 from typing import Protocol
 
 import numpy as np
@@ -27,7 +26,7 @@ import numpy.typing as npt
 import soxr
 from pydantic import BaseModel
 
-from pipeline.llm import ChatMessage
+from pipeline.llm import ChatMessage, LLMError
 from pipeline.records import TurnClock, TurnRecord
 from pipeline.sentences import SentenceSettings, SentenceSplitter
 from pipeline.stt import Transcript
@@ -56,29 +55,42 @@ class SpeechSynthesizer(Protocol):
 
 
 class ReplyStream(Protocol):
-    requested_tier: str | None
-    effort: str | None
-    first_token_at: float | None
-    requested_at: float
-    service_tier: str | None
-    reasoning_tokens: int | None
-    output_tokens: int | None
+    """One turn's reply (`pipeline.routing.RoutedReply`): text deltas, and what they came from."""
+
+    filler: str | None  # a short phrase to say at once: the reply will be late
+
+    @property
+    def requested_tier(self) -> str | None: ...
+    @property
+    def effort(self) -> str | None: ...
+    @property
+    def first_token_at(self) -> float | None: ...
+    @property
+    def requested_at(self) -> float: ...
+    @property
+    def service_tier(self) -> str | None: ...
+    @property
+    def reasoning_tokens(self) -> int | None: ...
+    @property
+    def output_tokens(self) -> int | None: ...
 
     def __aiter__(self) -> AsyncIterator[str]: ...
 
     async def aclose(self) -> None: ...
 
+    def finish(self, timings_ms: Mapping[str, float]) -> dict[str, object] | None:
+        """The turn is over: learn from its timings; the decision for the turn record."""
+        ...
+
 
 class LanguageModel(Protocol):
-    def stream(
-        self,
-        history: Sequence[ChatMessage],
-        *,
-        service_tier: str | EllipsisType | None = ...,
-        effort: str | EllipsisType | None = ...,
-        max_output_tokens: int | None = None,
-    ) -> ReplyStream:
-        """`...` means the provider settings' value; None leaves the field out."""
+    """The call's LLM (`pipeline.routing.CallLLM`): plans and streams each turn's reply."""
+
+    experiment: str | None
+    arm: str | None
+
+    def reply(self, history: Sequence[ChatMessage], zero: float) -> ReplyStream:
+        """Plan the reply to `history` now; `zero` is the monotonic end of caller speech."""
         ...
 
 
@@ -86,6 +98,8 @@ class ConversationSettings(BaseModel):
     """How a call behaves, apart from its models."""
 
     greeting: str | None = None  # spoken when the call starts, if set
+    # Spoken when no tier could answer a turn (every one failed).
+    apology: str = "Sorry, I can't answer that right now. Please say it again in a moment."
     # Keys pressed within this long of each other make one keypad turn ("#" ends it at once).
     keypad_timeout_s: float = 1.5
 
@@ -318,17 +332,25 @@ class Conversation:
         turn = len(self.records) + 1
         self._emit({"type": "transcript", "role": "caller", "turn": turn, "text": said})
         history = [*self.history, ChatMessage(role="user", content=said)]
-        stream = self.llm.stream(history)
+        stream = self.llm.reply(history, clock.zero)
         spoken: list[_Spoken] = []
         generated: list[str] = []
         finished = False
         watcher: asyncio.Task[None] | None = None
         try:
+            if stream.filler:
+                watcher = await self._speak(stream.filler, spoken, clock)
             splitter = SentenceSplitter(self.sentence_settings)
-            async for delta in stream:
-                clock.mark("llm_first_token")
-                generated.append(delta)
-                for sentence in splitter.push(delta):
+            try:
+                async for delta in stream:
+                    clock.mark("llm_first_token")
+                    generated.append(delta)
+                    for sentence in splitter.push(delta):
+                        watcher = await self._speak(sentence, spoken, clock) or watcher
+            except LLMError as exc:
+                log.error("call %s: no reply from the LLM: %s", self.call_id, exc)
+                splitter = SentenceSplitter(self.sentence_settings)
+                for sentence in splitter.push(self.settings.apology):
                     watcher = await self._speak(sentence, spoken, clock) or watcher
             for sentence in splitter.flush():
                 watcher = await self._speak(sentence, spoken, clock) or watcher
@@ -378,6 +400,7 @@ class Conversation:
         stt_ms: float | None,
         stream: ReplyStream,
     ) -> None:
+        decision = stream.finish(clock.ms())
         heard = heard_text(spoken, self.transport.played_samples)
         interrupted = not finished
         if interrupted and not heard:
@@ -402,13 +425,17 @@ class Conversation:
             effort=stream.effort,
             tier=stream.requested_tier,
             tier_used=stream.service_tier,
-            reason="fixed by settings",
+            reason=str(decision["reason"]) if decision else "",
             timings_ms=clock.ms(),
             stt_inference_ms=stt_ms,
             llm_ttft_ms=ttft,
             reasoning_tokens=stream.reasoning_tokens,
             output_tokens=stream.output_tokens,
             started_at=time.time() - (time.monotonic() - clock.zero),
+            experiment=self.llm.experiment,
+            arm=self.llm.arm,
+            budget_ms=float(str(decision["budget_ms"])) if decision else None,
+            decision=decision,
         )
         self.records.append(record)
         log.info(

@@ -32,6 +32,8 @@ from openai.types.responses import (
 )
 from pydantic import BaseModel, Field, SecretStr
 
+from pipeline.controller import FAST_TIER, STANDARD_TIER, TierOption
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are a friendly voice assistant talking with a caller on the phone. Everything you "
     "write is spoken aloud by a text-to-speech voice, so answer in plain spoken sentences: no "
@@ -39,6 +41,25 @@ DEFAULT_SYSTEM_PROMPT = (
     "and ask at most one question at a time. Say numbers, dates and times the way a person "
     "would say them. If you did not understand the caller, ask them to repeat."
 )
+
+
+class LLMTier(TierOption):
+    """A tier the calls may use: the controller's view of it plus where and how to reach it.
+
+    Connection fields left unset are taken from `LLMSettings` (base URL, key, model, API).
+    """
+
+    base_url: str | None = Field(default=None, description="None: LLMSettings.base_url.")
+    api_key: SecretStr | None = Field(default=None, description="None: LLMSettings.api_key.")
+    model: str | None = Field(default=None, description="None: LLMSettings.model.")
+    api: Literal["chat", "responses"] | None = Field(
+        default=None, description="None: LLMSettings.api."
+    )
+
+
+def default_tiers() -> list[LLMTier]:
+    """The provider's fast (premium) tier first, then its standard tier, on one base URL."""
+    return [LLMTier(**FAST_TIER.model_dump()), LLMTier(**STANDARD_TIER.model_dump())]
 
 
 class LLMSettings(BaseModel):
@@ -62,6 +83,17 @@ class LLMSettings(BaseModel):
         default=160, gt=0, description="Cap on generated tokens, reasoning tokens included."
     )
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    tiers: list[LLMTier] = Field(
+        default_factory=default_tiers,
+        min_length=1,
+        description="Tiers in fallback order; a turn that fails on one falls back to the next.",
+    )
+    first_token_grace_ms: float = Field(
+        default=750.0,
+        ge=0,
+        description="A request with no first token this long after the plan's first-token "
+        "deadline counts as failed: the turn falls back to the next tier.",
+    )
     connect_timeout_s: float = Field(default=3.0, gt=0, description="TCP/TLS connect timeout.")
     timeout_s: float = Field(
         default=30.0, gt=0, description="Longest wait for the provider's next bytes."
@@ -151,6 +183,9 @@ class LLMStream:
         self.max_output_tokens = max_output_tokens
         self.requested_at = time.monotonic()  # reset when the request is actually sent
         self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+        self.deltas = 0  # visible deltas received
+        self.prompt_tokens: int | None = None  # as the provider counted them
         self.service_tier: str | None = None  # as echoed by the provider
         self.reasoning_tokens: int | None = None
         self.output_tokens: int | None = None  # reasoning tokens included
@@ -216,8 +251,10 @@ class LLMStream:
                 await self._sdk_stream.close()
 
     def _visible(self, text: str) -> str:
+        self.last_token_at = time.monotonic()
         if self.first_token_at is None:
-            self.first_token_at = time.monotonic()
+            self.first_token_at = self.last_token_at
+        self.deltas += 1
         self.text += text
         return text
 
@@ -261,6 +298,7 @@ class LLMStream:
             self.service_tier = chunk.service_tier
         if chunk.usage is not None:
             self.output_tokens = chunk.usage.completion_tokens
+            self.prompt_tokens = chunk.usage.prompt_tokens
             details = chunk.usage.completion_tokens_details
             if details is not None and details.reasoning_tokens is not None:
                 self.reasoning_tokens = details.reasoning_tokens
@@ -300,6 +338,7 @@ class LLMStream:
             self.service_tier = response.service_tier
         if response.usage is not None:
             self.output_tokens = response.usage.output_tokens
+            self.prompt_tokens = response.usage.input_tokens
             self.reasoning_tokens = response.usage.output_tokens_details.reasoning_tokens
 
 
@@ -308,3 +347,9 @@ def _error_message(exc: openai.APIStatusError) -> str:
     if isinstance(body, dict) and isinstance(body.get("message"), str):
         return str(body["message"])
     return exc.message
+
+
+def estimate_prompt_tokens(history: Sequence[ChatMessage], system_prompt: str = "") -> int:
+    """Roughly how many tokens a prompt is (4 characters a token, 4 per message), for planning."""
+    texts = [system_prompt, *(m.content for m in history)]
+    return sum(len(t) // 4 + 4 for t in texts if t) + 3

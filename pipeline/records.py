@@ -73,6 +73,12 @@ class TurnRecord:
     reasoning_tokens: int | None = None
     output_tokens: int | None = None
     started_at: float = 0.0  # wall clock (time.time()) at the end of caller speech
+    experiment: str | None = None  # the call's experiment and arm, if it is in one
+    arm: str | None = None
+    budget_ms: float | None = None  # the voice-to-voice budget the turn was planned for
+    # The controller's decision: planned vs spoken tier and effort, predicted vs actual first
+    # audio, why, and every request tried (`pipeline.routing.RoutedReply.finish`).
+    decision: dict[str, object] | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from types import EllipsisType
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -58,7 +57,9 @@ class ScriptedReply:
         self.service_tier: str | None = "priority"
         self.reasoning_tokens: int | None = 0
         self.output_tokens: int | None = None
+        self.filler: str | None = None
         self.closed = False
+        self.finished_with: dict[str, float] | None = None
 
     async def _tokens(self) -> AsyncIterator[str]:
         tokens = [" " + word for word in self.text.split()]
@@ -76,6 +77,10 @@ class ScriptedReply:
     async def aclose(self) -> None:
         self.closed = True
 
+    def finish(self, timings_ms: Mapping[str, float]) -> dict[str, object] | None:
+        self.finished_with = dict(timings_ms)
+        return {"reason": "scripted", "budget_ms": 1000.0, "taken": "planned"}
+
 
 class ScriptedLLM:
     def __init__(
@@ -86,15 +91,10 @@ class ScriptedLLM:
         self.tokens_per_s = tokens_per_s
         self.requests: list[list[ChatMessage]] = []
         self.streams: list[ScriptedReply] = []
+        self.experiment: str | None = None
+        self.arm: str | None = None
 
-    def stream(
-        self,
-        history: Sequence[ChatMessage],
-        *,
-        service_tier: str | EllipsisType | None = ...,
-        effort: str | EllipsisType | None = ...,
-        max_output_tokens: int | None = None,
-    ) -> ScriptedReply:
+    def reply(self, history: Sequence[ChatMessage], zero: float) -> ScriptedReply:
         self.requests.append(list(history))
         ttft = self.ttft_s.pop(0) if self.ttft_s else 0.1
         reply = ScriptedReply(self.replies.pop(0), ttft, self.tokens_per_s)

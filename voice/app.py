@@ -8,6 +8,7 @@ import logging
 import os
 import resource
 import socket
+import time
 from collections.abc import AsyncIterator
 from importlib import resources
 from urllib.parse import parse_qsl
@@ -17,13 +18,15 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from pipeline.llm import LLMClient
+from pipeline.controller import Controller
+from pipeline.routing import TierRouter
 from pipeline.simulator import running_simulator
 from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
 from voice import metrics
 from voice.api import authorized, calls_api, error, read_json_body, unauthorized
 from voice.calls import CallsFull, Switchboard
+from voice.experiments import load_experiment
 from voice.session_records import WorkerInfo
 from voice.sessions import Sessions
 from voice.settings import Settings
@@ -118,8 +121,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 "set HOTLINE_LLM__BASE_URL, HOTLINE_LLM__API_KEY and HOTLINE_LLM__MODEL.",
                 base_url,
             )
-        llm = LLMClient(settings.llm, base_url=base_url)
-        stack.push_async_callback(llm.aclose)
+        controller = Controller(settings.controller, clock=time.monotonic)
+        router = TierRouter(settings.llm, controller, base_url=base_url)
+        stack.push_async_callback(router.aclose)
         worker = WorkerInfo(
             f"{socket.gethostname()}-{os.getpid()}",
             address=f"{settings.host}:{settings.port}",
@@ -129,8 +133,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await sessions.start()
         stack.push_async_callback(sessions.close)
         switchboard = Switchboard(
-            settings, stt=stt, phone_stt=phone_stt, llm=llm, tts=tts, sessions=sessions
+            settings, stt=stt, phone_stt=phone_stt, router=router, tts=tts, sessions=sessions
         )
+        if settings.experiment_file:
+            await switchboard.experiments.save(load_experiment(settings.experiment_file))
         control = asyncio.create_task(switchboard.serve_control(), name="control")
         app.state.switchboard = switchboard
         log.info("Hotline ready: worker %s, %d calls at most", worker.worker_id, settings.max_calls)

@@ -12,10 +12,12 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.conversation import Conversation, LanguageModel, SpeechRecognizer, SpeechSynthesizer
+from pipeline.conversation import Conversation, SpeechRecognizer, SpeechSynthesizer
 from pipeline.records import TurnRecord
+from pipeline.routing import Policy, TierRouter
 from pipeline.transport import Transport
 from voice import metrics
+from voice.experiments import ExperimentStore
 from voice.session_records import CallInfo
 from voice.sessions import Sessions
 from voice.settings import Settings
@@ -37,6 +39,8 @@ class Call:
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     wants_human: bool = False  # the caller asked for a person (keypad)
+    experiment: str | None = None
+    arm: str | None = None
     task: asyncio.Task[None] | None = None
 
     @property
@@ -54,6 +58,8 @@ class Call:
             "ended_at": self.ended_at,
             "turns": len(self.conversation.records),
             "wants_human": self.wants_human,
+            "experiment": self.experiment,
+            "arm": self.arm,
         }
 
     def detail(self) -> dict[str, object]:
@@ -77,16 +83,19 @@ class Switchboard:
         *,
         stt: SpeechRecognizer,
         phone_stt: SpeechRecognizer,
-        llm: LanguageModel,
+        router: TierRouter,
         tts: SpeechSynthesizer,
         sessions: Sessions,
     ) -> None:
         self.settings = settings
         self.sessions = sessions
+        self.experiments = ExperimentStore(sessions.redis, sessions.settings.key_prefix)
         self.stt = stt
         self.phone_stt = phone_stt
-        self.llm = llm
+        self.router = router
         self.tts = tts
+        # admitted calls' experiment and arm (or None), until they start
+        self._arms: dict[str, tuple[str | None, str | None, Policy]] = {}
         self.active: dict[str, Call] = {}
         self.finished: OrderedDict[str, Call] = OrderedDict()
         self._background: set[asyncio.Task[object]] = set()
@@ -113,16 +122,24 @@ class Switchboard:
         if preferred and preferred not in self.active and preferred not in self.finished:
             call_id = preferred
         if reason is None:
+            experiment = await self.experiments.running()
+            arm = experiment.assign(call_id) if experiment else None
             info = CallInfo(call_id, transport, caller=caller, callee=callee)
+            if experiment is not None and arm is not None:
+                info.experiment, info.arm = experiment.name, arm.name
             admission = await self.sessions.admit(info)
             reason = None if admission.accepted else admission.reason
+            policy = arm or self.settings.policy
+            self._arms[call_id] = (info.experiment, info.arm, policy)
         if reason is not None:
+            self._arms.pop(call_id, None)
             metrics.REFUSED.labels(transport=transport, reason=reason).inc()
             raise CallsFull(f"call refused: {reason}")
         return call_id
 
     def release(self, call_id: str) -> None:
         """Give back an admission whose call never started (e.g. its SDP was bad)."""
+        self._arms.pop(call_id, None)
         self.sessions.end_call(call_id, "failed")
 
     def get(self, call_id: str) -> Call | None:
@@ -139,11 +156,12 @@ class Switchboard:
     ) -> Call:
         """Run a conversation over `transport` until the call ends."""
         calls: list[Call] = []
+        experiment, arm, policy = self._arms.pop(call_id, (None, None, self.settings.policy))
         conversation = Conversation(
             call_id,
             transport,
             stt=self.stt if kind == "webrtc" else self.phone_stt,
-            llm=self.llm,
+            llm=self.router.for_call(policy, experiment, arm),
             tts=self.tts,
             settings=self.settings.conversation,
             turn_settings=self.settings.turns,
@@ -153,13 +171,15 @@ class Switchboard:
             on_event=lambda event: self._on_event(call_id, event),
         )
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
+        call.experiment, call.arm = experiment, arm
         calls.append(call)
         self.active[call.call_id] = call
         self._idle.clear()
         metrics.ADMITTED.labels(transport=kind).inc()
         metrics.ACTIVE_CALLS.set(len(self.active))
         call.task = asyncio.create_task(self._run(call, transport), name=f"call-{call.call_id}")
-        log.info("call %s: admitted (%s), %d active", call.call_id, kind, len(self.active))
+        in_arm = f", experiment {experiment} arm {arm}" if experiment else ""
+        log.info("call %s: admitted (%s%s), %d active", call_id, kind, in_arm, len(self.active))
         return call
 
     async def _run(self, call: Call, transport: Transport) -> None:

@@ -9,6 +9,7 @@ Redis Cluster slot `{p}`; each call's keys share the call's own slot:
   p:call:{<id>}:record       hash: CallInfo, each field JSON
   p:call:{<id>}:turns        stream: one entry per finished turn, id `<ms>-0` (its wall clock)
   p:call:{<id>}:events       stream: live events (state, turn, anything `publish`ed)
+  p:experiment:{<name>}:*    an experiment's config and calls (see `voice.experiments`)
   p:control:{<w>}            list: commands for worker w;  p:reply:{<uuid>}: the list of one ack
 """
 
@@ -70,6 +71,11 @@ def worker_keys(prefix: str, worker_id: str) -> list[str]:
 
 def call_keys(prefix: str, call_id: str) -> list[str]:
     return [f"{prefix}:call:{{{call_id}}}:{k}" for k in ("record", "turns", "events")]
+
+
+def experiment_keys(prefix: str, name: str) -> tuple[str, str]:
+    """An experiment's config (JSON) and its calls (sorted set of call ids by start time)."""
+    return f"{prefix}:experiment:{{{name}}}:config", f"{prefix}:experiment:{{{name}}}:calls"
 
 
 def control_list(prefix: str, worker_id: str) -> str:

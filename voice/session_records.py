@@ -50,7 +50,8 @@ class CallInfo:
     state: str = "active"
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
-    arm: str | None = None  # experiment arm
+    experiment: str | None = None  # the experiment the call is in, if any
+    arm: str | None = None  # its arm
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,10 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from pipeline.controller import ControllerSettings
 from pipeline.conversation import ConversationSettings
 from pipeline.llm import LLMSettings
+from pipeline.routing import Policy
 from pipeline.sentences import SentenceSettings
 from pipeline.simulator import SimulatorSettings
 from pipeline.stt import STTSettings
@@ -81,6 +83,13 @@ class Settings(BaseSettings):
     phone_stt: STTSettings = Field(default_factory=STTSettings)
     tts: TTSSettings = Field(default_factory=TTSSettings)
     llm: LLMSettings = Field(default_factory=LLMSettings)
+    # The latency budget controller (budget, quantile, learning rate, hedging, fillers).
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    # How calls that are in no experiment choose tier and effort (default: adaptive, within
+    # the controller's budget). E.g. HOTLINE_POLICY='{"policy": "fixed", "effort": "low"}'.
+    policy: Policy = Field(default_factory=Policy)
+    # An experiment to run from start-up (YAML or JSON; see voice/experiments.py and README).
+    experiment_file: str | None = None
     simulator: SimulatorSettings = Field(default_factory=SimulatorSettings)
     turns: TurnSettings = Field(default_factory=TurnSettings)
     sentences: SentenceSettings = Field(default_factory=SentenceSettings)

@@ -1,0 +1,395 @@
+"""Each turn's LLM request: planned by the controller, with fallback and hedging across tiers.
+
+```
+TierRouter (one a process: a client per tier, one shared Controller)
+  .for_call(policy, experiment, arm) -> CallLLM (one a call)
+    .reply(history, zero) -> RoutedReply (one a turn): plan -> request -> deltas
+```
+
+A `RoutedReply` plans the turn when it is made (the time already spent since the end of the
+caller's speech counts against the budget), then on iteration sends the request and yields the
+visible text. Each request is read by its own task into a queue, so the time of every token
+is taken as it arrives, whatever the consumer (TTS) is doing. Before the first token:
+
+- a capacity or availability failure (HTTP 408/409/429/5xx, a connection error or timeout, or
+  no first token ``first_token_grace_ms`` after the plan's first-token deadline) is reported to
+  the controller, which rests that tier; the turn is planned again on the tiers not yet tried
+  and sent again, within the same turn. Other errors (400, 401, ...) are not retried.
+- with a hedge in the plan, the hedge request is fired at the first-token deadline; whichever
+  speaks first is kept, the other is cancelled and reported as censored (it waited this long).
+
+After the turn, ``finish(timings)`` gives the controller what the request that spoke took and
+returns the decision for the turn record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from pipeline.controller import Controller, TurnContext, TurnOutcome, TurnPlan, decision_record
+from pipeline.llm import (
+    ChatMessage,
+    LLMClient,
+    LLMError,
+    LLMSettings,
+    LLMStream,
+    LLMTier,
+    estimate_prompt_tokens,
+)
+
+log = logging.getLogger(__name__)
+
+
+def retryable(status: int | None) -> bool:
+    """A failure another tier may not have: capacity, availability, or no answer at all."""
+    return status is None or status in (408, 409, 429) or status >= 500
+
+
+class Policy(BaseModel):
+    """How a call's turns choose tier and effort: adaptive within a budget, or fixed."""
+
+    policy: Literal["adaptive", "fixed"] = "adaptive"
+    budget_ms: float | None = Field(
+        default=None, gt=0, description="Voice-to-voice budget; None: the controller's default."
+    )
+    effort: str | None = Field(default=None, description="Fixed arms: the effort every turn.")
+    tier: str | None = Field(default=None, description="Fixed arms: the tier (None: the first).")
+
+    @model_validator(mode="after")
+    def _fixed_has_effort(self) -> Policy:
+        if self.policy == "fixed" and self.effort is None:
+            raise ValueError("a fixed policy needs an effort")
+        return self
+
+
+@dataclass
+class Attempt:
+    """One request of a turn, read by its own task."""
+
+    plan: TurnPlan
+    stream: LLMStream
+    kind: str  # planned | fallback | hedge
+    started_at: float = field(default_factory=time.monotonic)
+    queue: asyncio.Queue[str | Exception | None] = field(default_factory=asyncio.Queue)
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # first delta, end, or error
+    error: LLMError | None = None
+    result: str = "pending"  # spoke | failed | timeout | lost
+    task: asyncio.Task[None] | None = None
+
+    async def pump(self) -> None:
+        try:
+            async for delta in self.stream:
+                self.queue.put_nowait(delta)
+                self.settled.set()
+            self.queue.put_nowait(None)
+        except LLMError as exc:
+            self.error = exc
+            self.queue.put_nowait(exc)
+        finally:
+            self.settled.set()
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "tier": self.plan.tier,
+            "effort": self.plan.effort,
+            "kind": self.kind,
+            "result": self.result,
+            "status": self.error.status if self.error else None,
+            "error": self.error.message if self.error else None,
+        }
+
+
+class TierRouter:
+    """The process's tiers, their clients and the controller they all teach."""
+
+    def __init__(
+        self, settings: LLMSettings, controller: Controller, base_url: str | None = None
+    ) -> None:
+        self.settings = settings
+        self.controller = controller
+        self.tiers: list[LLMTier] = list(settings.tiers)
+        self.clients: dict[str, LLMClient] = {}
+        for tier in self.tiers:
+            override = {
+                "model": tier.model or settings.model,
+                "api": tier.api or settings.api,
+                "api_key": tier.api_key or settings.api_key,
+            }
+            url = tier.base_url or base_url or settings.base_url
+            self.clients[tier.name] = LLMClient(settings.model_copy(update=override), url)
+
+    def for_call(
+        self, policy: Policy, experiment: str | None = None, arm: str | None = None
+    ) -> CallLLM:
+        return CallLLM(self, policy, experiment, arm)
+
+    async def aclose(self) -> None:
+        for client in self.clients.values():
+            await client.aclose()
+
+
+class CallLLM:
+    """The router bound to one call's policy (its experiment arm)."""
+
+    def __init__(
+        self, router: TierRouter, policy: Policy, experiment: str | None, arm: str | None
+    ) -> None:
+        self.router = router
+        self.policy = policy
+        self.experiment = experiment
+        self.arm = arm
+
+    def context(
+        self, spent_ms: float, prompt_tokens: int, tiers: Sequence[LLMTier] | None = None
+    ) -> TurnContext:
+        fixed = self.policy.policy == "fixed"
+        return TurnContext(
+            spent_ms=spent_ms,
+            prompt_tokens=prompt_tokens,
+            tiers_available=list(tiers if tiers is not None else self.router.tiers),
+            budget_ms=self.policy.budget_ms,
+            fixed_effort=self.policy.effort if fixed else None,
+            fixed_tier=self.policy.tier if fixed else None,
+        )
+
+    def reply(self, history: Sequence[ChatMessage], zero: float) -> RoutedReply:
+        """Plan the reply to ``history`` now; ``zero`` is the monotonic end of caller speech."""
+        return RoutedReply(self, history, zero)
+
+
+class RoutedReply:
+    """One turn's reply: visible text deltas from whichever request speaks first."""
+
+    def __init__(self, call: CallLLM, history: Sequence[ChatMessage], zero: float) -> None:
+        self.call = call
+        self.router = call.router
+        self.history = list(history)
+        self.zero = zero
+        self.prompt_tokens = estimate_prompt_tokens(history, self.router.settings.system_prompt)
+        self.plan = self.router.controller.plan(call.context(self._spent_ms(), self.prompt_tokens))
+        self.filler = self.plan.filler
+        self.attempts: list[Attempt] = []
+        self.winner: Attempt | None = None
+        self._finished = False
+        self._deltas = self._run()
+
+    # what the conversation reads, from the request that spoke (or the last one tried)
+    @property
+    def _current(self) -> LLMStream | None:
+        attempt = self.winner or (self.attempts[-1] if self.attempts else None)
+        return attempt.stream if attempt else None
+
+    @property
+    def requested_tier(self) -> str | None:
+        return self.winner.plan.service_tier if self.winner else self.plan.service_tier
+
+    @property
+    def effort(self) -> str | None:
+        return self.winner.plan.effort if self.winner else self.plan.effort
+
+    @property
+    def requested_at(self) -> float:
+        return self._current.requested_at if self._current else self.zero
+
+    @property
+    def first_token_at(self) -> float | None:
+        return self.winner.stream.first_token_at if self.winner else None
+
+    @property
+    def service_tier(self) -> str | None:
+        return self.winner.stream.service_tier if self.winner else None
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        return self.winner.stream.reasoning_tokens if self.winner else None
+
+    @property
+    def output_tokens(self) -> int | None:
+        return self.winner.stream.output_tokens if self.winner else None
+
+    def _spent_ms(self) -> float:
+        return (time.monotonic() - self.zero) * 1e3
+
+    def __aiter__(self) -> AsyncGenerator[str, None]:
+        return self._deltas
+
+    async def aclose(self) -> None:
+        await self._deltas.aclose()
+        await self._stop_all()
+
+    def _start(self, plan: TurnPlan, kind: str) -> Attempt:
+        client = self.router.clients[plan.tier]
+        stream = client.stream(
+            self.history,
+            service_tier=plan.service_tier,
+            effort=plan.effort,
+            max_output_tokens=plan.max_output_tokens,
+        )
+        attempt = Attempt(plan, stream, kind)
+        attempt.task = asyncio.create_task(attempt.pump(), name=f"llm-{plan.tier}-{plan.effort}")
+        self.attempts.append(attempt)
+        return attempt
+
+    async def _run(self) -> AsyncGenerator[str, None]:
+        try:
+            winner = await self._first_token()
+            self.winner = winner
+            while (item := await winner.queue.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            await self._stop_all()
+
+    async def _first_token(self) -> Attempt:
+        """Send the plan; fall back and hedge until a request speaks (or every tier failed)."""
+        grace = self.router.settings.first_token_grace_ms
+        plan, kind, tried = self.plan, "planned", set[str]()
+        while True:
+            active = [self._start(plan, kind)]
+            hedge = plan.hedge
+            hedge_at = self.zero + plan.first_token_deadline_ms / 1e3 if hedge else None
+            give_up_at = self.zero + (plan.first_token_deadline_ms + grace) / 1e3
+            while active:
+                for attempt in [a for a in active if a.settled.is_set()]:
+                    if attempt.error is None:
+                        return self._won(attempt, active)
+                    active.remove(attempt)
+                    self._failed(attempt, "failed")
+                    if not retryable(attempt.error.status):
+                        raise attempt.error
+                if not active:
+                    break
+                now = time.monotonic()
+                if now >= give_up_at:
+                    for attempt in active:
+                        self._failed(attempt, "timeout")
+                    break
+                if hedge is not None and hedge_at is not None and now >= hedge_at:
+                    log.info("no first token by %.0f ms: hedging", plan.first_token_deadline_ms)
+                    active.append(self._start(hedge, "hedge"))
+                    hedge = hedge_at = None
+                    continue
+                wake = min(t for t in (give_up_at, hedge_at) if t is not None)
+                waits = [asyncio.ensure_future(a.settled.wait()) for a in active]
+                try:
+                    await asyncio.wait(waits, timeout=wake - now, return_when="FIRST_COMPLETED")
+                finally:
+                    for w in waits:
+                        w.cancel()
+            tried |= {a.plan.tier for a in self.attempts}
+            remaining = [t for t in self.router.tiers if t.name not in tried]
+            last = self.attempts[-1]
+            if not remaining:
+                status = last.error.status if last.error else None
+                raise LLMError(status, f"every tier failed ({', '.join(sorted(tried))})")
+            ctx = self.call.context(self._spent_ms(), self.prompt_tokens, remaining)
+            plan, kind = self.router.controller.plan(ctx), "fallback"
+            log.warning(
+                "LLM %s/%s %s (%s); falling back to %s/%s",
+                last.plan.tier,
+                last.plan.effort,
+                last.result,
+                last.error or "no first token",
+                plan.tier,
+                plan.effort,
+            )
+
+    def _won(self, winner: Attempt, others: list[Attempt]) -> Attempt:
+        winner.result = "spoke"
+        for attempt in others:
+            if attempt is not winner and attempt.task is not None:
+                attempt.result = "lost"
+                attempt.task.cancel()
+                waited = (time.monotonic() - attempt.started_at) * 1e3
+                outcome = TurnOutcome(
+                    attempt.plan.tier,
+                    attempt.plan.effort,
+                    waited_ms=waited,
+                    prompt_tokens=self.prompt_tokens,
+                )
+                self.router.controller.observe(outcome)
+        return winner
+
+    def _failed(self, attempt: Attempt, result: str) -> None:
+        attempt.result = result
+        if attempt.task is not None:
+            attempt.task.cancel()
+        status = attempt.error.status if attempt.error else None
+        log.warning(
+            "LLM tier %s (%s) %s: %s",
+            attempt.plan.tier,
+            attempt.plan.effort,
+            result,
+            attempt.error or "no first token by the deadline",
+        )
+        outcome = TurnOutcome(attempt.plan.tier, attempt.plan.effort, failed=True, status=status)
+        self.router.controller.observe(outcome)
+
+    async def _stop_all(self) -> None:
+        for attempt in self.attempts:
+            if attempt.task is not None and not attempt.task.done():
+                attempt.task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await attempt.task
+            await attempt.stream.aclose()
+
+    def finish(self, timings_ms: Mapping[str, float]) -> dict[str, object] | None:
+        """Teach the controller what the turn took; the decision for the turn record."""
+        if self._finished:
+            return None
+        self._finished = True
+        winner = self.winner
+        if winner is None:
+            for attempt in self.attempts:  # cut off (barge-in) before any token came
+                if attempt.result == "pending":
+                    attempt.result = "lost"
+                    waited = (time.monotonic() - attempt.started_at) * 1e3
+                    self.router.controller.observe(
+                        TurnOutcome(attempt.plan.tier, attempt.plan.effort, waited_ms=waited)
+                    )
+            record = decision_record(self.plan, TurnOutcome(self.plan.tier, self.plan.effort))
+            record.update(taken="none", tier=None, effort=None)
+        else:
+            outcome = self._outcome(winner, timings_ms)
+            self.router.controller.observe(outcome)
+            record = decision_record(self.plan, outcome)
+            record["taken"] = winner.kind
+        record["attempts"] = [a.summary() for a in self.attempts]
+        return record
+
+    def _outcome(self, attempt: Attempt, timings_ms: Mapping[str, float]) -> TurnOutcome:
+        s = attempt.stream
+        ttft = None
+        if s.first_token_at is not None:
+            ttft = (s.first_token_at - s.requested_at) * 1e3
+        visible = s.deltas
+        if s.output_tokens is not None and s.reasoning_tokens is not None:
+            visible = max(s.output_tokens - s.reasoning_tokens, 0)
+        speed = None
+        if s.first_token_at is not None and s.last_token_at is not None and s.finished:
+            span = s.last_token_at - s.first_token_at
+            if visible >= 5 and span > 0.005:
+                speed = (visible - 1) / span
+        tts = None
+        if "first_audio" in timings_ms and "first_sentence" in timings_ms:
+            tts = timings_ms["first_audio"] - timings_ms["first_sentence"]
+        return TurnOutcome(
+            tier=attempt.plan.tier,
+            effort=attempt.plan.effort,
+            ttft_ms=ttft,
+            reasoning_tokens=s.reasoning_tokens,
+            output_tokens=s.output_tokens,
+            decode_tokens_per_s=speed,
+            tts_first_chunk_ms=tts,
+            first_audio_ms=timings_ms.get("first_audio"),
+            prompt_tokens=self.prompt_tokens,
+        )
