@@ -38,16 +38,17 @@ followed within a few turns. L is learned from the measured time to first visibl
 minus the reasoning time and the prefill; a request cancelled before its first token
 (``waited_ms``) raises L when it waited longer than L predicts. The variance tracks squared
 one-step-ahead errors, so a mean that lags a change widens the quantile. A failed request
-(429, 5xx, a timeout) puts its tier in a cool-down of ``cooldown_s`` (or the provider's
-Retry-After, if longer); a first token from the tier ends it.
+(429, 5xx, a timeout) puts its tier in a cool-down of ``cooldown_s``, doubled for each
+further failure in a row up to ``cooldown_max_s`` (or the provider's Retry-After, if longer);
+a first token from the tier ends it and forgets the failures.
 
 Knobs (`ControllerSettings`, defaults): ``budget_ms`` 1000, ``quantile`` 0.9,
 ``half_life_turns`` 2, ``prior_weight`` 1, ``prior_spread`` 0.2, ``min_spread`` 0.05 (floor on
 a learned sd, as a fraction of its mean), ``first_sentence_tokens`` 12, ``tts_prior_ms`` 100,
 ``reasoning_tokens`` (prior per effort, in effort order: the simulator's 0/16/64/256/1024/
-2048/4096), ``reply_tokens`` 160, ``cooldown_s`` 30, ``hedge`` off, ``filler`` off with
-``filler_phrases``. Per tier (`TierOption`): service_tier, efforts, ``cost_rank``, priors
-``prior_ttft_ms`` and ``prior_tokens_per_s``, ``prefill_tokens_per_s``.
+2048/4096), ``reply_tokens`` 160, ``cooldown_s`` 5, ``cooldown_max_s`` 60, ``hedge`` off,
+``filler`` off with ``filler_phrases``. Per tier (`TierOption`): service_tier, efforts,
+``cost_rank``, priors ``prior_ttft_ms`` and ``prior_tokens_per_s``, ``prefill_tokens_per_s``.
 
 Worked example (default settings and tiers, no observations yet): 400 ms spent, 600 prompt
 tokens. On the fast tier (200 ms, 750 tokens/s, prefill 8 000 tokens/s), effort ``low``
@@ -126,7 +127,10 @@ class ControllerSettings(BaseModel):
         description="Prior reasoning tokens per effort, lowest effort first (sets the order).",
     )
     reply_tokens: int = Field(default=160, ge=1, description="Visible tokens allowed per reply.")
-    cooldown_s: float = Field(default=30.0, ge=0, description="Tier rest after a failure.")
+    cooldown_s: float = Field(default=5.0, ge=0, description="Tier rest after a failure.")
+    cooldown_max_s: float = Field(
+        default=60.0, ge=0, description="Rests double with each failure in a row, up to this."
+    )
     hedge: bool = Field(default=False, description="Plan a second request at the deadline.")
     filler: bool = Field(default=False, description="Offer a filler phrase when nothing fits.")
     filler_phrases: list[str] = Field(
@@ -237,6 +241,7 @@ class Controller:
         self._reasoning: dict[tuple[str, str], Estimate] = {}
         self._tts = self._prior(settings.tts_prior_ms)
         self._cooling: dict[str, tuple[float, str]] = {}  # tier -> (until, why)
+        self._strikes: dict[str, int] = {}  # failures in a row, per tier
         self._fillers = 0
 
     # ------------------------------------------------------------ estimates
@@ -429,8 +434,12 @@ class Controller:
     # ------------------------------------------------------------ learning
 
     def failure(self, tier: str, status: int | None, retry_after_s: float | None = None) -> None:
-        """A request failed (429, 5xx, None: a timeout): rest the tier for a while."""
-        rest = max(self.settings.cooldown_s, retry_after_s or 0.0)
+        """A request failed (429, 5xx, None: a timeout): rest the tier for a while, longer
+        each failure in a row (a first token from it resets that)."""
+        s = self.settings
+        strikes = self._strikes[tier] = self._strikes.get(tier, 0) + 1
+        rest = min(s.cooldown_s * 2 ** (strikes - 1), max(s.cooldown_max_s, s.cooldown_s))
+        rest = max(rest, retry_after_s or 0.0)
         why = f"HTTP {status}" if status is not None else "a timeout"
         self._cooling[tier] = (self.clock() + rest, why)
 
@@ -454,6 +463,7 @@ class Controller:
         overhead += self._prefill_ms(tier, outcome.prompt_tokens)
         if outcome.ttft_ms is not None:
             self._cooling.pop(tier.name, None)
+            self._strikes.pop(tier.name, None)
             self._learn(lat, max(outcome.ttft_ms - overhead, 0.0))
         elif outcome.waited_ms is not None and outcome.waited_ms - overhead > lat.mean:
             # censored: the first token would have come later still; learn the lower bound

@@ -276,6 +276,9 @@ class RoutedReply:
                 if hedge is not None and hedge_at is not None and now >= hedge_at:
                     log.info("no first token by %.0f ms: hedging", plan.first_token_deadline_ms)
                     active.append(self._start(hedge, "hedge"))
+                    # the hedge is given up on by its own deadline (+ grace), not the plan's
+                    hedge_give_up_at = self.zero + (hedge.first_token_deadline_ms + grace) / 1e3
+                    give_up_at = max(give_up_at, hedge_give_up_at)
                     hedge = hedge_at = None
                     continue
                 wake = min(t for t in (give_up_at, hedge_at) if t is not None)
@@ -332,7 +335,8 @@ class RoutedReply:
             attempt.error or "no first token by the deadline",
         )
         outcome = TurnOutcome(attempt.plan.tier, attempt.plan.effort, failed=True, status=status)
-        self.router.controller.observe(outcome)
+        if retryable(status):  # capacity or availability rests the tier; a 400 is the request's
+            self.router.controller.observe(outcome)
 
     async def _stop_all(self) -> None:
         for attempt in self.attempts:
@@ -353,9 +357,13 @@ class RoutedReply:
                 if attempt.result == "pending":
                     attempt.result = "lost"
                     waited = (time.monotonic() - attempt.started_at) * 1e3
-                    self.router.controller.observe(
-                        TurnOutcome(attempt.plan.tier, attempt.plan.effort, waited_ms=waited)
+                    outcome = TurnOutcome(
+                        attempt.plan.tier,
+                        attempt.plan.effort,
+                        waited_ms=waited,
+                        prompt_tokens=self.prompt_tokens,  # its prefill is no latency
                     )
+                    self.router.controller.observe(outcome)
             record = decision_record(self.plan, TurnOutcome(self.plan.tier, self.plan.effort))
             record.update(taken="none", tier=None, effort=None)
         else:

@@ -83,6 +83,9 @@ class TierProfile(BaseModel):
     )
     fail_probability: float = Field(default=1.0, ge=0, le=1, description="Chance a request fails.")
     fail_times: int | None = Field(default=None, ge=0, description="Fail this many, then recover.")
+    fail_after: int = Field(
+        default=0, ge=0, description="Answer this many requests first, then start failing."
+    )
 
 
 class SimulatorSettings(BaseModel):
@@ -192,6 +195,7 @@ class _Simulator:
         self.stats = SimulatorStats()
         self.rng = random.Random(settings.seed)
         self.failures: dict[str, int] = {}
+        self.seen: dict[str, int] = {}  # requests per profile
 
     def profile_for(self, service_tier: str | None) -> str:
         if service_tier is None:
@@ -249,8 +253,11 @@ class _Simulator:
     def injected_failure(self, profile_name: str) -> Response | None:
         profile = self.settings.profiles[profile_name]
         used = self.failures.get(profile_name, 0)
-        if profile.fail_status is None or (
-            profile.fail_times is not None and used >= profile.fail_times
+        self.seen[profile_name] = seen = self.seen.get(profile_name, 0) + 1
+        if (
+            profile.fail_status is None
+            or seen <= profile.fail_after
+            or (profile.fail_times is not None and used >= profile.fail_times)
         ):
             return None
         if self.rng.random() >= profile.fail_probability:
@@ -390,6 +397,18 @@ def create_simulator_app(settings: SimulatorSettings | None = None) -> Starlette
 def simulator_stats(app: Starlette) -> SimulatorStats:
     sim: _Simulator = app.state.simulator
     return sim.stats
+
+
+def change_tier(app: Starlette, name: str, **changes: Any) -> TierProfile:
+    """Change a tier profile of a running simulator from its next request on (a slowdown, a
+    burst of 429s: ``fail_status=429, fail_times=5``); its failure counters start again."""
+    sim: _Simulator = app.state.simulator
+    profile = sim.settings.profiles[name]
+    changed = TierProfile.model_validate({**profile.model_dump(), **changes})
+    sim.settings.profiles[name] = changed
+    sim.failures.pop(name, None)
+    sim.seen.pop(name, None)
+    return changed
 
 
 def simulator_settings(app: Starlette) -> SimulatorSettings:

@@ -137,6 +137,20 @@ def test_retry_after_timeouts_and_recovery() -> None:
     assert set(ctrl.cooling()) == {"standard"}
 
 
+def test_cool_downs_double_with_failures_in_a_row_and_reset_on_a_first_token() -> None:
+    clock = Clock()
+    ctrl = make(clock, cooldown_s=5, cooldown_max_s=12)
+    ctrl.plan(CTX)
+    rests = []
+    for _ in range(4):
+        ctrl.failure("fast", 503)
+        rests.append(round(ctrl.cooling()["fast"]))
+    assert rests == [5, 10, 12, 12]
+    ctrl.observe(FAST.outcome(TurnPlan("fast", "priority", "none", 160, 0, 0, True, ""), CTX))
+    ctrl.failure("fast", 429)
+    assert round(ctrl.cooling()["fast"]) == 5
+
+
 def test_estimates_follow_a_tier_that_slows_down_within_5_turns() -> None:
     ctrl = make()
     for _ in range(10):

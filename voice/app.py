@@ -27,6 +27,7 @@ from voice import metrics
 from voice.api import authorized, calls_api, error, read_json_body, unauthorized
 from voice.calls import CallsFull, Switchboard
 from voice.experiments import load_experiment
+from voice.experiments_api import experiments_api
 from voice.session_records import WorkerInfo
 from voice.sessions import Sessions
 from voice.settings import Settings
@@ -290,4 +291,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     app.include_router(calls_api)
+    app.include_router(experiments_api)
     return app

@@ -1,4 +1,4 @@
-"""`hotline serve | call | llm-sim`."""
+"""`hotline serve | call | llm-sim | bench | wer | experiments`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from rich.logging import RichHandler
 from rich.table import Table
 
 from voice.bench import bench_command
+from voice.experiments_cli import experiments_app
 
 app = typer.Typer(
     help="Hotline: self-hosted real-time voice AI telephony server.", no_args_is_help=True
@@ -202,6 +203,7 @@ def llm_sim(
 
 
 app.command("bench")(bench_command)
+app.add_typer(experiments_app, name="experiments")
 
 
 @app.command()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -28,7 +28,8 @@ import yaml
 from pydantic import BaseModel, Field, model_validator
 
 from pipeline.routing import Policy
-from voice.redis_store import DOWN, experiment_keys, text
+from voice.redis_store import DOWN, call_keys, decode, experiment_keys, text
+from voice.session_records import CallInfo
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,10 @@ class Experiment(BaseModel):
 
     @model_validator(mode="after")
     def _arm_names_unique(self) -> Experiment:
+        if self.name == "active":
+            raise ValueError(
+                "'active' is reserved (DELETE /experiments/active stops the running one)"
+            )
         names = [arm.name for arm in self.arms]
         if len(set(names)) != len(names):
             raise ValueError(f"arm names must be unique: {names}")
@@ -130,25 +135,29 @@ class ExperimentStore:
         return [text(c) for c in cast(list[bytes | str], ids)]
 
 
-async def experiment_records(
-    store: ExperimentStore,
-    name: str,
-    get_call: Callable[[str], Any],
-) -> list[dict[str, Any]]:
-    """Every turn record of the experiment's calls, oldest call first, each with its call id.
-
-    ``get_call(call_id)`` is `voice.sessions.Sessions.get_call` (awaitable: record and turns).
-    """
+async def experiment_records(store: ExperimentStore, name: str) -> list[dict[str, Any]]:
+    """Every turn record of the experiment's calls, oldest call first, each with its call id,
+    experiment and arm (calls past retention are gone)."""
     records: list[dict[str, Any]] = []
-    for call_id in await store.call_ids(name):
-        found = await get_call(call_id)
-        if found is None:  # past retention
-            continue
-        info, turns = found
-        for turn in turns:
-            records.append(
-                {"call_id": call_id, "experiment": info.experiment, "arm": info.arm, **turn}
-            )
+    ids = await store.call_ids(name)
+    for start in range(0, len(ids), 100):
+        batch = ids[start : start + 100]
+        async with store.redis.pipeline(transaction=False) as pipe:
+            for call_id in batch:
+                record_key, turns_key, _ = call_keys(store.prefix, call_id)
+                pipe.hgetall(record_key)
+                pipe.xrange(turns_key)
+            replies = await pipe.execute()
+        for i, call_id in enumerate(batch):
+            record, turns = replies[2 * i], replies[2 * i + 1]
+            if not record:
+                continue
+            info = decode(CallInfo, record, call_id=call_id)
+            for _id, data in turns or []:
+                turn = json.loads(text(data.get(b"data", data.get("data", b"{}"))))
+                records.append(
+                    {"call_id": call_id, **turn, "experiment": info.experiment, "arm": info.arm}
+                )
     return records
 
 

@@ -1,0 +1,273 @@
+"""`hotline experiments simulate`: try an experiment's arms before they meet live calls.
+
+Caller utterances (spoken by the bundled piper voice) are replayed through the real pipeline
+(turn detector, faster-whisper, the controller and router, piper) against the tier simulator,
+whose tiers can be scripted to slow down or fail at chosen turns. Every arm gets the same
+script on a fresh simulator (same seed) and a fresh controller, one arm after another, and
+leaves the same turn records a live call does (tagged with experiment and arm).
+
+The replayed caller (`ReplayLine`) is a transport. It delivers each utterance's speech at once,
+stamped with the times it would have arrived (ending now); then it sends trailing silence in
+real time. End of turn, early transcription and the turn's zero therefore behave as on a live
+call, without waiting out the speech. Reply audio counts as sent and heard as soon as it is
+queued: first audio is when the server would start sending. The next utterance follows as soon
+as the turn is recorded, with no time spent listening to the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soxr
+import yaml
+from pydantic import BaseModel, Field, model_validator
+
+from pipeline.controller import Controller, ControllerSettings
+from pipeline.conversation import Conversation
+from pipeline.llm import LLMSettings
+from pipeline.records import TurnRecord
+from pipeline.routing import CallLLM, TierRouter
+from pipeline.sentences import SentenceSettings
+from pipeline.simulator import (
+    SimulatorSettings,
+    change_tier,
+    create_simulator_app,
+    running_simulator,
+)
+from pipeline.stt import SpeechToText, STTSettings
+from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE, AudioIn, HangUp, InboundEvent
+from pipeline.tts import TextToSpeech, TTSSettings
+from pipeline.turns import TurnSettings
+from voice.audio import frames
+from voice.experiments import Arm, Experiment
+
+log = logging.getLogger(__name__)
+
+DEFAULT_UTTERANCES = [
+    "Hi, I would like to book a table for two people tonight.",
+    "What time do you open on Saturday morning?",
+    "Can you tell me if my order has shipped yet?",
+    "I need to change the address on my account.",
+    "How much does the premium plan cost per month?",
+    "My internet has been down since this morning.",
+    "Could you send me a copy of my last invoice?",
+    "I want to cancel my appointment for tomorrow.",
+    "Is there a pharmacy near the main station?",
+    "Thanks, that is all I needed for today.",
+]
+_FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
+
+
+class TierChange(BaseModel):
+    """From turn ``at_turn`` of every arm's run (1-based), change a simulated tier."""
+
+    at_turn: int = Field(ge=1)
+    tier: str = Field(description="A simulator profile name, e.g. 'fast'.")
+    set: dict[str, Any] = Field(description="TierProfile fields, e.g. {ttft_ms: 900}.")
+
+
+class Simulation(BaseModel):
+    """What `hotline experiments simulate` runs (a YAML or JSON file)."""
+
+    experiment: Experiment
+    calls: int = Field(default=3, ge=1, description="Calls per arm.")
+    turns_per_call: int = Field(default=10, ge=1)
+    utterances: list[str] = Field(default_factory=lambda: list(DEFAULT_UTTERANCES), min_length=1)
+    simulator: SimulatorSettings = Field(default_factory=lambda: SimulatorSettings(seed=1))
+    changes: list[TierChange] = Field(default_factory=list)
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    llm: LLMSettings = Field(default_factory=LLMSettings)
+    stt: STTSettings = Field(default_factory=STTSettings)
+    tts: TTSSettings = Field(default_factory=TTSSettings)
+    turns: TurnSettings = Field(default_factory=TurnSettings)
+    sentences: SentenceSettings = Field(default_factory=SentenceSettings)
+    turn_timeout_s: float = Field(default=30.0, gt=0, description="Give up on a silent turn.")
+
+    @model_validator(mode="after")
+    def _tiers_exist(self) -> Simulation:
+        for change in self.changes:
+            if change.tier not in self.simulator.profiles:
+                raise ValueError(f"change at turn {change.at_turn}: no tier {change.tier!r}")
+        return self
+
+
+def load_simulation(path: str | Path) -> Simulation:
+    try:
+        data = yaml.safe_load(Path(path).read_text("utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read simulation file {path}: {exc}") from exc
+    return Simulation.model_validate(data)
+
+
+class ReplayLine:
+    """A transport whose caller replays utterances, one a turn, and hears replies at once."""
+
+    def __init__(
+        self,
+        utterances: Sequence[PCM],
+        before_turn: Callable[[int], None] = lambda index: None,
+        turn_timeout_s: float = 30.0,
+    ) -> None:
+        self.utterances = list(utterances)
+        self.before_turn = before_turn
+        self.turn_timeout_s = turn_timeout_s
+        self.events: list[dict[str, object]] = []
+        self._queued = 0
+        self._turn_over = asyncio.Event()
+        self._hung_up: str | None = None
+
+    def turn_finished(self) -> None:
+        self._turn_over.set()
+
+    def inbound(self) -> AsyncIterator[InboundEvent]:
+        return self._replay()
+
+    async def _replay(self) -> AsyncIterator[InboundEvent]:
+        silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        for index, pcm in enumerate(self.utterances):
+            self.before_turn(index)
+            self._turn_over.clear()
+            speech = list(frames(pcm))
+            now = time.monotonic()
+            for k, frame in enumerate(speech):  # as if it had arrived in real time until now
+                yield AudioIn(frame, now - (len(speech) - 1 - k) * _FRAME_S)
+            start, k = now, 0
+            while not self._turn_over.is_set() and self._hung_up is None:
+                k += 1
+                due = start + k * _FRAME_S
+                if due - start > self.turn_timeout_s:
+                    log.warning("replay: turn %d got no reply in %.0f s", index + 1, due - start)
+                    break
+                await asyncio.sleep(max(0.0, due - time.monotonic()))  # the mic's own pace
+                yield AudioIn(silence, due)
+            if self._hung_up is not None:
+                break
+        yield HangUp(self._hung_up or "replay finished")
+
+    def play(self, pcm: PCM) -> int:
+        self._queued += len(pcm)
+        return self._queued
+
+    async def clear(self) -> None:
+        return None
+
+    @property
+    def played_samples(self) -> int:
+        return self._queued
+
+    @property
+    def queued_samples(self) -> int:
+        return self._queued
+
+    async def wait_played(self, position: int) -> float:
+        return time.monotonic()
+
+    async def wait_sent(self, position: int) -> float:
+        return time.monotonic()
+
+    def hang_up(self, reason: str) -> None:
+        self._hung_up = reason
+        self._turn_over.set()
+
+    def send_event(self, event: dict[str, object]) -> None:
+        self.events.append(event)
+
+    async def close(self) -> None:
+        return None
+
+
+def caller_utterances(texts: Sequence[str], tts: TextToSpeech) -> list[PCM]:
+    """Each text spoken by the bundled voice at 16 kHz, with 300 ms of silence before it."""
+    spoken = []
+    for text in texts:
+        audio = tts.synthesize_blocking(text).astype(np.float32) / 32768.0
+        pcm = np.asarray(soxr.resample(audio, tts.sample_rate, SAMPLE_RATE, "HQ"))
+        pcm16 = np.clip(np.round(pcm * 32768.0), -32768, 32767).astype(np.int16)
+        spoken.append(np.concatenate([np.zeros(SAMPLE_RATE * 3 // 10, np.int16), pcm16]))
+    return spoken
+
+
+async def simulate(
+    sim: Simulation, on_record: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
+    """Run every arm of the simulation; every turn record, tagged and with its call id."""
+    stt = await asyncio.to_thread(SpeechToText.shared, sim.stt)
+    tts = await asyncio.to_thread(TextToSpeech.shared, sim.tts)
+    spoken = await asyncio.to_thread(caller_utterances, sim.utterances, tts)
+    await asyncio.gather(asyncio.to_thread(stt.warm_up), asyncio.to_thread(tts.warm_up))
+    records: list[dict[str, Any]] = []
+
+    def emit(row: dict[str, Any]) -> None:
+        records.append(row)
+        if on_record is not None:
+            on_record(row)
+
+    for arm in sim.experiment.arms:
+        await _run_arm(sim, arm, stt, tts, spoken, emit)
+    return records
+
+
+async def _run_arm(
+    sim: Simulation,
+    arm: Arm,
+    stt: SpeechToText,
+    tts: TextToSpeech,
+    spoken: Sequence[PCM],
+    emit: Callable[[dict[str, Any]], None],
+) -> None:
+    """One arm's calls, on a fresh simulator (the script's tier changes) and controller."""
+    app = create_simulator_app(sim.simulator.model_copy(deep=True))
+    turn = 0
+
+    def before_turn(index: int) -> None:
+        nonlocal turn
+        turn += 1
+        for change in sim.changes:
+            if change.at_turn == turn:
+                change_tier(app, change.tier, **change.set)
+                log.info("turn %d: tier %s changed: %s", turn, change.tier, change.set)
+
+    async with running_simulator(app=app) as url:
+        router = TierRouter(sim.llm, Controller(sim.controller, time.monotonic), url)
+        try:
+            for number in range(sim.calls):
+                call_id = f"sim-{arm.name}-{number + 1}"
+                first = number * sim.turns_per_call
+                script = [spoken[(first + i) % len(spoken)] for i in range(sim.turns_per_call)]
+                line = ReplayLine(script, before_turn, sim.turn_timeout_s)
+                llm = router.for_call(arm, sim.experiment.name, arm.name)
+                await _run_call(sim, call_id, line, stt, llm, tts, emit)
+        finally:
+            await router.aclose()
+
+
+async def _run_call(
+    sim: Simulation,
+    call_id: str,
+    line: ReplayLine,
+    stt: SpeechToText,
+    llm: CallLLM,
+    tts: TextToSpeech,
+    emit: Callable[[dict[str, Any]], None],
+) -> None:
+    def on_turn(record: TurnRecord) -> None:
+        emit({"call_id": call_id, **record.to_dict()})
+        line.turn_finished()
+
+    conversation = Conversation(
+        call_id,
+        line,
+        stt=stt,
+        llm=llm,
+        tts=tts,
+        turn_settings=sim.turns,
+        sentence_settings=sim.sentences,
+        on_turn=on_turn,
+    )
+    await conversation.run()

@@ -1,0 +1,124 @@
+"""The experiments API, on every worker (experiments live in Redis). Bearer token when set.
+
+GET    /experiments                 the running experiment's name and every stored one
+PUT    /experiments/{name}          store an experiment (body: arms, description) and run it
+DELETE /experiments/active          stop: new calls get the default policy
+GET    /experiments/{name}          one experiment
+GET    /experiments/{name}/records  its turn records, one JSON object a line
+GET    /experiments/{name}/report   its report as text (`hotline experiments report`)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import ValidationError
+
+from voice.api import authorized, error, read_json_body, unauthorized
+from voice.experiment_report import build_report, render_report
+from voice.experiments import Experiment, ExperimentStore, experiment_records, to_jsonl
+from voice.redis_store import DOWN
+
+log = logging.getLogger(__name__)
+
+experiments_api = APIRouter()
+
+
+def _store(request: Request) -> ExperimentStore:
+    store: ExperimentStore = request.app.state.switchboard.experiments
+    return store
+
+
+def _unavailable(exc: BaseException) -> JSONResponse:
+    return error(503, f"experiment store unavailable: {exc}")
+
+
+@experiments_api.get("/experiments", response_model=None)
+async def list_experiments(request: Request) -> dict[str, object] | JSONResponse:
+    if not authorized(request):
+        return unauthorized()
+    store = _store(request)
+    try:
+        names, running = await store.names(), await store.active_name()
+        found = [await store.get(name) for name in names]
+    except DOWN as exc:
+        return _unavailable(exc)
+    experiments = [e.model_dump(mode="json") for e in found if e is not None]
+    return {"running": running, "experiments": experiments}
+
+
+@experiments_api.put("/experiments/{name}", response_model=None)
+async def put_experiment(name: str, request: Request) -> dict[str, object] | JSONResponse:
+    """Store the experiment and make it the one new calls are assigned to."""
+    if not authorized(request):
+        return unauthorized()
+    data = await read_json_body(request, request.app.state.settings.max_body_bytes)
+    if isinstance(data, JSONResponse):
+        return data
+    if data.setdefault("name", name) != name:
+        return error(400, f"the body names experiment {data['name']!r}, the URL {name!r}")
+    try:
+        experiment = Experiment.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        return error(400, f"invalid experiment: {problems}")
+    try:
+        await _store(request).save(experiment)
+    except DOWN as exc:
+        return _unavailable(exc)
+    return {"running": experiment.name, "experiment": experiment.model_dump(mode="json")}
+
+
+@experiments_api.delete("/experiments/active", response_model=None)
+async def stop_experiment(request: Request) -> dict[str, object] | JSONResponse:
+    if not authorized(request):
+        return unauthorized()
+    try:
+        stopped = await _store(request).stop()
+    except DOWN as exc:
+        return _unavailable(exc)
+    log.info("experiment %s stopped", stopped)
+    return {"stopped": stopped}
+
+
+@experiments_api.get("/experiments/{name}", response_model=None)
+async def get_experiment(name: str, request: Request) -> dict[str, object] | JSONResponse:
+    if not authorized(request):
+        return unauthorized()
+    try:
+        experiment = await _store(request).get(name)
+    except DOWN as exc:
+        return _unavailable(exc)
+    if experiment is None:
+        return error(404, f"no experiment {name!r}")
+    return experiment.model_dump(mode="json")
+
+
+@experiments_api.get("/experiments/{name}/records", response_model=None)
+async def experiment_turns(name: str, request: Request) -> Response:
+    if not authorized(request):
+        return unauthorized()
+    try:
+        records = await experiment_records(_store(request), name)
+    except DOWN as exc:
+        return _unavailable(exc)
+    return PlainTextResponse(to_jsonl(records), media_type="application/x-ndjson")
+
+
+@experiments_api.get("/experiments/{name}/report", response_model=None)
+async def experiment_report(name: str, request: Request) -> Response:
+    if not authorized(request):
+        return unauthorized()
+    try:
+        records = await experiment_records(_store(request), name)
+    except DOWN as exc:
+        return _unavailable(exc)
+    try:
+        report = build_report(records, name)
+    except ValueError as exc:
+        return error(404, str(exc))
+    return PlainTextResponse(render_report(report))

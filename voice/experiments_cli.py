@@ -1,0 +1,211 @@
+"""`hotline experiments simulate | report | start | stop`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+
+experiments_app = typer.Typer(
+    help="Latency experiments: simulate arms offline, run them on live calls, report.",
+    no_args_is_help=True,
+)
+console = Console(stderr=True)
+
+ServerOption = Annotated[str, typer.Option(help="The server's base URL")]
+TokenOption = Annotated[
+    str | None, typer.Option(help="API token (default: $HOTLINE_API_TOKEN)", show_default=False)
+]
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    token = token or os.environ.get("HOTLINE_API_TOKEN")
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/] {message}", markup=True, highlight=False)
+    return typer.Exit(2)
+
+
+def _report(
+    records: list[dict[str, Any]],
+    name: str,
+    plot: Path | None,
+    csv: Path | None,
+    reference: str | None,
+    resamples: int,
+) -> None:
+    from voice.experiment_report import build_report, plot_report, render_report, write_csv
+
+    try:
+        report = build_report(records, name, reference=reference, resamples=resamples)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    typer.echo(render_report(report), nl=False)
+    if csv is not None:
+        rows = write_csv(records, name, csv)
+        console.print(f"{rows} turns written to {csv}")
+    if plot is not None:
+        try:
+            plot_report(records, report, plot)
+        except RuntimeError as exc:
+            raise _fail(str(exc)) from exc
+        console.print(f"plot written to {plot}")
+
+
+PlotOption = Annotated[
+    Path | None, typer.Option(help="Draw latency CDFs and effort mix per arm (PNG)")
+]
+CsvOption = Annotated[Path | None, typer.Option(help="Export one row per turn (CSV)")]
+ReferenceOption = Annotated[
+    str | None, typer.Option(help="Arm the others are compared with [default: the first]")
+]
+ResamplesOption = Annotated[int, typer.Option(help="Bootstrap resamples of calls")]
+
+
+@experiments_app.command()
+def simulate(
+    config: Annotated[Path, typer.Argument(help="Simulation file (YAML or JSON)")],
+    out: Annotated[Path, typer.Option(help="Turn records (JSONL)")] = Path("experiment.jsonl"),
+    plot: PlotOption = None,
+    csv: CsvOption = None,
+    reference: ReferenceOption = None,
+    resamples: ResamplesOption = 2000,
+    log_level: Annotated[str, typer.Option()] = "warning",
+) -> None:
+    """Replay utterances through the real pipeline against the tier simulator, for every arm."""
+    from voice.cli import _logging
+    from voice.experiment_sim import load_simulation, simulate
+
+    _logging(log_level)
+    try:
+        sim = load_simulation(config)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    arms = ", ".join(arm.name for arm in sim.experiment.arms)
+    turns = sim.calls * sim.turns_per_call
+    console.print(f"simulating {sim.experiment.name}: {turns} turns for each arm ({arms})")
+    with out.open("w", encoding="utf-8") as sink:
+
+        def write(record: dict[str, Any]) -> None:
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            first_audio = record["timings_ms"].get("first_audio")
+            decision = record.get("decision") or {}
+            console.print(
+                f"  {record['arm']:>16} turn {record['turn']:>3}: "
+                f"{'-' if first_audio is None else f'{first_audio:.0f}'} ms, "
+                f"{decision.get('effort')} on {decision.get('tier')} ({decision.get('taken')})",
+                highlight=False,
+            )
+
+        records = asyncio.run(simulate(sim, on_record=write))
+    console.print(f"{len(records)} turn records written to {out}")
+    _report(records, sim.experiment.name, plot, csv, reference, resamples)
+
+
+@experiments_app.command()
+def report(
+    name: Annotated[str, typer.Argument(help="Experiment name")],
+    jsonl: Annotated[
+        Path | None, typer.Option(help="Read turn records from this export (JSONL)")
+    ] = None,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(help="Read from this Redis [default: $HOTLINE_REDIS_URL]", show_default=False),
+    ] = None,
+    server: Annotated[
+        str | None, typer.Option(help="Read through a server's API instead", show_default=False)
+    ] = None,
+    token: TokenOption = None,
+    key_prefix: Annotated[str, typer.Option(help="Redis key prefix")] = "hotline",
+    plot: PlotOption = None,
+    csv: CsvOption = None,
+    reference: ReferenceOption = None,
+    resamples: ResamplesOption = 2000,
+) -> None:
+    """Per arm: voice-to-voice p50/p95, share within budget, effort mix, fallbacks, barge-ins.
+
+    Differences between arms come with bootstrap confidence intervals (resampling calls).
+    """
+    from voice.experiment_report import load_jsonl
+
+    records: list[dict[str, Any]]
+    if jsonl is not None:
+        try:
+            records = load_jsonl(jsonl)
+        except (OSError, ValueError) as exc:
+            raise _fail(str(exc)) from exc
+    elif server is not None:
+        url = f"{server.rstrip('/')}/experiments/{name}/records"
+        try:
+            response = httpx.get(url, headers=_headers(token), timeout=60)
+        except httpx.HTTPError as exc:
+            raise _fail(f"cannot reach {server}: {exc}") from exc
+        if response.status_code != 200:
+            raise _fail(f"{url}: HTTP {response.status_code}: {response.text.strip()}")
+        records = [json.loads(line) for line in response.text.splitlines() if line.strip()]
+    else:
+        redis = redis_url or os.environ.get("HOTLINE_REDIS_URL")
+        if not redis:
+            raise _fail("give --jsonl, --server or --redis-url (or set HOTLINE_REDIS_URL)")
+        records = asyncio.run(_from_redis(redis, key_prefix, name))
+    _report(records, name, plot, csv, reference, resamples)
+
+
+async def _from_redis(url: str, prefix: str, name: str) -> list[dict[str, Any]]:
+    from voice.experiments import ExperimentStore, experiment_records
+    from voice.redis_store import DOWN, connect
+    from voice.session_records import SessionSettings
+
+    client = connect(SessionSettings(redis_url=url))
+    try:
+        return await experiment_records(ExperimentStore(client, prefix), name)
+    except DOWN as exc:
+        raise _fail(f"cannot reach Redis at {url}: {exc}") from exc
+    finally:
+        await client.aclose()
+
+
+@experiments_app.command()
+def start(
+    config: Annotated[Path, typer.Argument(help="Experiment file (YAML or JSON)")],
+    server: ServerOption = "http://127.0.0.1:8080",
+    token: TokenOption = None,
+) -> None:
+    """Start an experiment on a running cluster: new calls are assigned to its arms."""
+    from voice.experiments import load_experiment
+
+    try:
+        experiment = load_experiment(config)
+    except ValueError as exc:
+        raise _fail(str(exc)) from exc
+    url = f"{server.rstrip('/')}/experiments/{experiment.name}"
+    body = experiment.model_dump(mode="json")
+    try:
+        response = httpx.put(url, json=body, headers=_headers(token), timeout=10)
+    except httpx.HTTPError as exc:
+        raise _fail(f"cannot reach {server}: {exc}") from exc
+    if response.status_code != 200:
+        raise _fail(f"HTTP {response.status_code}: {response.text.strip()}")
+    console.print(f"experiment {experiment.name} running")
+
+
+@experiments_app.command()
+def stop(server: ServerOption = "http://127.0.0.1:8080", token: TokenOption = None) -> None:
+    """Stop the running experiment: new calls get the default policy again."""
+    url = f"{server.rstrip('/')}/experiments/active"
+    try:
+        response = httpx.delete(url, headers=_headers(token), timeout=10)
+    except httpx.HTTPError as exc:
+        raise _fail(f"cannot reach {server}: {exc}") from exc
+    if response.status_code != 200:
+        raise _fail(f"HTTP {response.status_code}: {response.text.strip()}")
+    console.print(f"stopped: {response.json().get('stopped')}")
