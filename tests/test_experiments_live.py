@@ -1,0 +1,157 @@
+"""Experiments and tier fallback on live calls: a real `hotline serve` on a real Redis, real
+aiortc callers, the embedded tier simulator scripted to fail (its fast tier answers one request,
+then returns 503 to every other)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+import time
+from collections.abc import Iterator
+from subprocess import PIPE
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from pipeline.simulator import SimulatorSettings
+from pipeline.stt import SpeechToText
+from tests.conftest import Server, start_server, stop_server
+from tests.redis_server import RedisServer
+from tests.speech import concat, espeak, silence
+from voice.caller import place_call
+from voice.experiments import Experiment
+
+pytestmark = pytest.mark.timeout(300)
+
+FIRST = "Please book a table for two people tonight."
+SECOND = "What will the weather be like in Paris tomorrow?"
+ARMS = [
+    {"name": "standard-none", "policy": "fixed", "effort": "none", "tier": "standard"},
+    {"name": "standard-minimal", "policy": "fixed", "effort": "minimal", "tier": "standard"},
+]
+
+
+def utterance(text: str) -> np.ndarray:
+    return concat(silence(300), espeak(text, wpm=150), silence(200))
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def failing_fast_tier(redis_server: RedisServer) -> Iterator[Server]:
+    simulator = SimulatorSettings()
+    simulator.profiles["fast"].fail_status = 503
+    simulator.profiles["fast"].fail_after = 1  # the first request to the fast tier only
+    server = start_server(
+        {"HOTLINE_REDIS_URL": redis_server.url, "HOTLINE_SIMULATOR": simulator.model_dump_json()}
+    )
+    yield server
+    assert stop_server(server) == 0, "\n".join(server.log[-40:])
+
+
+async def records_of(http: httpx.AsyncClient, name: str, count: int) -> list[dict[str, Any]]:
+    """The experiment's turn records once `count` have reached Redis (written after the call)."""
+    deadline = time.monotonic() + 10
+    while True:
+        response = await http.get(f"/experiments/{name}/records")
+        assert response.status_code == 200
+        lines = [json.loads(line) for line in response.text.splitlines()]
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        await asyncio.sleep(0.1)
+
+
+async def test_fast_tier_failing_mid_call_still_answers_that_turn(
+    failing_fast_tier: Server,
+) -> None:
+    server = failing_fast_tier
+    result = await place_call(server.url, [utterance(FIRST), utterance(SECOND)])
+
+    assert [turn.reply_start is not None for turn in result.turns] == [True, True]
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        detail = (await http.get(f"/calls/{result.call_id}")).json()
+    first, second = (record["decision"] for record in detail["records"][:2])
+    assert (first["taken"], first["tier"]) == ("planned", "fast")
+    assert (second["taken"], second["planned_tier"], second["tier"]) == (
+        "fallback",
+        "fast",
+        "standard",
+    )
+    assert [(a["tier"], a["result"], a["status"]) for a in second["attempts"]] == [
+        ("fast", "failed", 503),
+        ("standard", "spoke", None),
+    ]
+    print(f"\nfallback turn: {detail['records'][1]['timings_ms']}")
+    # the caller heard the reply to the turn the fast tier failed
+    heard = SpeechToText.shared().transcribe_blocking(result.reply_audio).text
+    assert {"weather", "tomorrow"} <= words(heard), heard
+    assert any("falling back to standard" in line for line in server.log)
+
+
+async def test_an_experiment_assigns_calls_to_arms_and_tags_their_turns(
+    failing_fast_tier: Server, redis_server: RedisServer
+) -> None:
+    server = failing_fast_tier
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        # bad experiments are refused with a reason, and nothing starts
+        bad = [
+            http.put("/experiments/x", content=b"{nope"),
+            http.put("/experiments/x", json={"arms": []}),
+            http.put("/experiments/x", json={"arms": [{"name": "a", "policy": "fixed"}]}),
+            http.put("/experiments/x", json={"name": "y", "arms": ARMS}),
+            http.put("/experiments/active", json={"arms": ARMS}),
+        ]
+        for request in bad:
+            response = await request
+            assert response.status_code == 400 and "error" in response.json()
+        assert (await http.get("/experiments")).json()["running"] is None
+        assert (await http.get("/experiments/x")).status_code == 404
+
+        response = await http.put("/experiments/live", json={"arms": ARMS})
+        assert response.status_code == 200 and response.json()["running"] == "live"
+        try:
+            results = [await place_call(server.url, [utterance(FIRST)]) for _ in range(3)]
+        finally:
+            assert (await http.delete("/experiments/active")).json() == {"stopped": "live"}
+        assert (await http.get("/experiments")).json()["running"] is None
+
+        experiment = Experiment.model_validate({"name": "live", "arms": ARMS})
+        expected = {r.call_id: experiment.assign(r.call_id) for r in results}
+        for call_id, arm in expected.items():
+            detail = (await http.get(f"/calls/{call_id}")).json()
+            assert (detail["experiment"], detail["arm"]) == ("live", arm.name)
+            [record] = detail["records"]
+            assert (record["experiment"], record["arm"]) == ("live", arm.name)
+            decision = record["decision"]
+            assert (decision["tier"], decision["effort"]) == ("standard", arm.effort)
+            assert decision["reason"].startswith(f"fixed arm: {arm.effort} on standard")
+
+        records = await records_of(http, "live", 3)
+        assert sorted(r["call_id"] for r in records) == sorted(expected)
+        assert {r["call_id"]: r["arm"] for r in records} == {c: a.name for c, a in expected.items()}
+        report = await http.get("/experiments/live/report")
+        assert report.status_code == 200
+        assert all(arm.name in report.text for arm in expected.values())
+        assert (await http.get("/experiments/nope/report")).status_code == 404
+
+    # the CLI reads the same records straight from Redis
+    command = ["-m", "voice", "experiments", "report", "live", "--redis-url", redis_server.url]
+    cli = await asyncio.create_subprocess_exec(sys.executable, *command, stdout=PIPE, stderr=PIPE)
+    out, err = await cli.communicate()
+    assert cli.returncode == 0, err.decode()
+    assert all(arm.name in out.decode() for arm in expected.values())
+    assert "calls" in out.decode() and "p95" in out.decode()
