@@ -413,6 +413,7 @@ class Conversation:
         self.history.append(ChatMessage(role="user", content=said))
         if heard:
             self.history.append(ChatMessage(role="assistant", content=heard))
+        budget = decision.get("budget_ms") if decision else None
         ttft = None
         if stream.first_token_at is not None:
             ttft = round((stream.first_token_at - stream.requested_at) * 1e3, 1)
@@ -434,7 +435,7 @@ class Conversation:
             started_at=time.time() - (time.monotonic() - clock.zero),
             experiment=self.llm.experiment,
             arm=self.llm.arm,
-            budget_ms=float(str(decision["budget_ms"])) if decision else None,
+            budget_ms=budget if isinstance(budget, int | float) else None,
             decision=decision,
         )
         self.records.append(record)

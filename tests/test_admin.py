@@ -90,6 +90,10 @@ async def test_say_speaks_into_a_call_and_turn_metrics_count(server: Server) -> 
     assert {"role": "assistant", "content": "This is a test."} in detail["history"]
     assert result.turns[-1].reply_start is not None
     assert 'hotline_turn_latency_seconds_count{part="first_audio"}' in metrics
+    assert 'hotline_turn_decisions_total{taken="planned"}' in metrics
+    assert 'hotline_turns_budgeted_total{within="true"}' in metrics or (
+        'hotline_turns_budgeted_total{within="false"}' in metrics
+    )
 
 
 async def wait_for_turns(http: httpx.AsyncClient, turns: int) -> str:

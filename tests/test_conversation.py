@@ -234,6 +234,10 @@ async def test_a_turn_is_answered_and_timed_in_order() -> None:
     assert [m.content for m in conversation.history] == ["table for two", record.reply_text]
     assert llm.requests[0][-1].content == "table for two"
     assert [e["role"] for e in line.events if e["type"] == "transcript"] == ["caller", "bot"]
+    # the reply stream learned the turn's timings, and its decision went into the record
+    assert llm.streams[0].finished_with == record.timings_ms
+    assert record.decision is not None and record.reason == "scripted"
+    assert record.budget_ms == 1000.0
 
 
 async def test_barge_in_clears_the_line_closes_the_stream_and_keeps_what_was_heard() -> None:

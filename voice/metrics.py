@@ -12,6 +12,16 @@ ADMITTED = Counter("hotline_calls_admitted_total", "Calls admitted.", ["transpor
 REFUSED = Counter("hotline_calls_refused_total", "Calls refused.", ["transport", "reason"])
 TURNS = Counter("hotline_turns_total", "Finished turns, by effort and tier.", ["effort", "tier"])
 INTERRUPTED = Counter("hotline_turns_interrupted_total", "Turns the caller talked over.")
+DECISIONS = Counter(
+    "hotline_turn_decisions_total",
+    "How each turn's LLM request went: planned, fallback, hedge (or none: cut off first).",
+    ["taken"],
+)
+BUDGET = Counter(
+    "hotline_turns_budgeted_total",
+    "Turns with a voice-to-voice budget, by whether first audio came within it.",
+    ["within"],
+)
 TURN_LATENCY = Histogram(
     "hotline_turn_latency_seconds",
     "Time from the end of the caller's speech to each stage of the reply.",
@@ -29,3 +39,8 @@ def observe_turn(record: TurnRecord) -> None:
         ms = record.timings_ms.get(part)
         if ms is not None:
             TURN_LATENCY.labels(part=part).observe(ms / 1e3)
+    if record.decision is not None:
+        DECISIONS.labels(taken=str(record.decision.get("taken"))).inc()
+    first_audio = record.timings_ms.get("first_audio")
+    if record.budget_ms and first_audio is not None:
+        BUDGET.labels(within=str(first_audio <= record.budget_ms).lower()).inc()
