@@ -73,6 +73,8 @@ class LLMSettings(BaseModel):
     api: Literal["chat", "responses"] = Field(
         default="chat", description="Chat Completions or the Responses API."
     )
+    # What `LLMClient.stream()` sends when the caller names no tier or effort (tools, tests).
+    # Calls never rely on these: each turn's tier and effort come from the controller's plan.
     service_tier: str | None = Field(
         default="priority", description="Requested tier; None: send no service_tier."
     )

@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.conversation import Conversation, heard_text
-from pipeline.llm import ChatMessage
+from pipeline.conversation import Conversation, ConversationSettings, heard_text
+from pipeline.llm import ChatMessage, LLMError
+from pipeline.records import TurnRecord
 from pipeline.stt import Transcript
 from pipeline.transport import (
     PCM,
@@ -58,12 +59,16 @@ class ScriptedReply:
         self.reasoning_tokens: int | None = 0
         self.output_tokens: int | None = None
         self.filler: str | None = None
+        self.failure: LLMError | None = None
         self.closed = False
         self.finished_with: dict[str, float] | None = None
 
     async def _tokens(self) -> AsyncIterator[str]:
         tokens = [" " + word for word in self.text.split()]
         start = self.requested_at + self.ttft_s
+        if self.failure is not None:
+            await asyncio.sleep(max(0.0, start - time.monotonic()))
+            raise self.failure
         for index, token in enumerate(tokens):
             await asyncio.sleep(max(0.0, start + index / self.tokens_per_s - time.monotonic()))
             if self.first_token_at is None:
@@ -350,3 +355,60 @@ async def test_keypad_digits_become_one_turn_and_a_handler_can_take_a_key() -> N
     assert record.reply_text == "Order one two three is on its way."
     assert llm.requests[0][-1].content == record.caller_text
     assert [e["digit"] for e in line.events if e["type"] == "dtmf"] == list("0123#")
+
+
+async def keypad_turn(llm: ScriptedLLM, **settings: object) -> TurnRecord:
+    """One keypad turn ("1#") answered by `llm`; its record."""
+    line = PhoneLine()
+    answered = asyncio.Event()
+    conversation = Conversation(
+        "keys",
+        line,
+        stt=ScriptedSTT([]),
+        llm=llm,
+        tts=ToneTTS(),
+        settings=ConversationSettings.model_validate(settings),
+        on_turn=lambda record: answered.set(),
+    )
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        for digit in "1#":
+            yield Dtmf(digit, time.monotonic())
+        await answered.wait()
+        yield HangUp("done")
+
+    line.script = caller
+    await conversation.run()
+    [record] = conversation.records
+    return record
+
+
+async def test_a_filler_is_spoken_before_a_late_reply() -> None:
+    llm = ScriptedLLM(["Here is your order."], ttft_s=[0.3])
+    original = llm.reply
+
+    def with_filler(history: Sequence[ChatMessage], zero: float) -> ScriptedReply:
+        reply = original(history, zero)
+        reply.filler = "One moment."
+        return reply
+
+    llm.reply = with_filler  # type: ignore[method-assign]
+    record = await keypad_turn(llm)
+    assert record.reply_text == "One moment. Here is your order."
+    # the filler's audio went out before the first LLM token came
+    assert record.timings_ms["first_audio"] < record.timings_ms["llm_first_token"]
+
+
+async def test_when_no_tier_answers_the_caller_hears_an_apology() -> None:
+    llm = ScriptedLLM(["never spoken"])
+    original = llm.reply
+
+    def failing(history: Sequence[ChatMessage], zero: float) -> ScriptedReply:
+        reply = original(history, zero)
+        reply.failure = LLMError(503, "every tier failed (fast, standard)")
+        return reply
+
+    llm.reply = failing  # type: ignore[method-assign]
+    record = await keypad_turn(llm, apology="Sorry, please try again.")
+    assert record.reply_text == "Sorry, please try again."
+    assert "never" not in record.generated_text and not record.interrupted

@@ -10,6 +10,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from subprocess import PIPE
 from typing import Any
 
@@ -155,3 +156,32 @@ async def test_an_experiment_assigns_calls_to_arms_and_tags_their_turns(
     assert cli.returncode == 0, err.decode()
     assert all(arm.name in out.decode() for arm in expected.values())
     assert "calls" in out.decode() and "p95" in out.decode()
+
+
+async def hotline(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "voice", *args, stdout=PIPE, stderr=PIPE
+    )
+    out, err = await process.communicate()
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def test_the_cli_starts_and_stops_an_experiment(
+    failing_fast_tier: Server, tmp_path: Path
+) -> None:
+    server = failing_fast_tier.url
+    config = tmp_path / "cli.yaml"
+    config.write_text(json.dumps({"name": "from-cli", "arms": ARMS}))
+    code, _, err = await hotline("experiments", "start", str(config), "--server", server)
+    assert code == 0, err
+    async with httpx.AsyncClient(base_url=server, timeout=10) as http:
+        listed = (await http.get("/experiments")).json()
+        assert listed["running"] == "from-cli"
+        assert "from-cli" in [e["name"] for e in listed["experiments"]]
+        code, _, err = await hotline("experiments", "stop", "--server", server)
+        assert code == 0 and "stopped: from-cli" in err
+        assert (await http.get("/experiments")).json()["running"] is None
+    # a broken file is refused before anything is sent
+    config.write_text(json.dumps({"name": "from-cli", "arms": []}))
+    code, _, err = await hotline("experiments", "start", str(config), "--server", server)
+    assert code == 2 and "arms" in err

@@ -160,7 +160,9 @@ def call(
         detail = httpx.get(f"{url.rstrip('/')}/calls/{result.call_id}", timeout=10).json()
         records: list[dict[str, Any]] = detail.get("records", [])
         console.print(f"[bold]call {result.call_id}[/] ({attempt + 1}/{repeat}), reply: {out}")
-        table = Table("turn", "caller said", "bot replied", "voice-to-voice ms", "server parts ms")
+        table = Table(
+            "turn", "caller said", "bot replied", "voice-to-voice ms", "server parts ms", "LLM"
+        )
         for index, turn in enumerate(result.turns):
             record = records[index] if index < len(records) else {}
             parts: dict[str, float] = record.get("timings_ms", {})
@@ -176,6 +178,7 @@ def call(
                 str(record.get("reply_text", "")),
                 "-" if v2v is None else f"{v2v:.0f}",
                 " ".join(f"{k}={v:.0f}" for k, v in parts.items()),
+                _decision(record.get("decision")),
             )
         console.print(table)
     if repeat > 1 and measured:
@@ -187,6 +190,14 @@ def call(
                 *(f"{statistics.median(samples.get(stage, [0.0])):.0f}" for stage in stages),
             )
         console.print(table)
+
+
+def _decision(decision: dict[str, Any] | None) -> str:
+    """The controller's choice for a turn, in a few words."""
+    if not decision:
+        return ""
+    taken = "" if decision.get("taken") == "planned" else f" ({decision.get('taken')})"
+    return f"{decision.get('effort')} on {decision.get('tier')}{taken}"
 
 
 @app.command("llm-sim")

@@ -11,6 +11,7 @@ GET    /experiments/{name}/report   its report as text (`hotline experiments rep
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -98,25 +99,29 @@ async def get_experiment(name: str, request: Request) -> dict[str, object] | JSO
     return experiment.model_dump(mode="json")
 
 
-@experiments_api.get("/experiments/{name}/records", response_model=None)
-async def experiment_turns(name: str, request: Request) -> Response:
+async def _records(request: Request, name: str) -> list[dict[str, Any]] | Response:
+    """The experiment's turn records, or the error response to send instead."""
     if not authorized(request):
         return unauthorized()
     try:
-        records = await experiment_records(_store(request), name)
+        return await experiment_records(_store(request), name)
     except DOWN as exc:
         return _unavailable(exc)
+
+
+@experiments_api.get("/experiments/{name}/records", response_model=None)
+async def experiment_turns(name: str, request: Request) -> Response:
+    records = await _records(request, name)
+    if isinstance(records, Response):
+        return records
     return PlainTextResponse(to_jsonl(records), media_type="application/x-ndjson")
 
 
 @experiments_api.get("/experiments/{name}/report", response_model=None)
 async def experiment_report(name: str, request: Request) -> Response:
-    if not authorized(request):
-        return unauthorized()
-    try:
-        records = await experiment_records(_store(request), name)
-    except DOWN as exc:
-        return _unavailable(exc)
+    records = await _records(request, name)
+    if isinstance(records, Response):
+        return records
     try:
         report = build_report(records, name)
     except ValueError as exc:

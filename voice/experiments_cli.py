@@ -29,6 +29,20 @@ def _headers(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
+def _api(
+    method: str, server: str, path: str, token: str | None, body: object = None
+) -> httpx.Response:
+    """One call to the experiments API; exits with the server's reason if it fails."""
+    url = f"{server.rstrip('/')}{path}"
+    try:
+        response = httpx.request(method, url, json=body, headers=_headers(token), timeout=60)
+    except httpx.HTTPError as exc:
+        raise _fail(f"cannot reach {server}: {exc}") from exc
+    if response.status_code != 200:
+        raise _fail(f"{method} {url}: HTTP {response.status_code}: {response.text.strip()}")
+    return response
+
+
 def _fail(message: str) -> typer.Exit:
     console.print(f"[red]error:[/] {message}", markup=True, highlight=False)
     return typer.Exit(2)
@@ -144,13 +158,7 @@ def report(
         except (OSError, ValueError) as exc:
             raise _fail(str(exc)) from exc
     elif server is not None:
-        url = f"{server.rstrip('/')}/experiments/{name}/records"
-        try:
-            response = httpx.get(url, headers=_headers(token), timeout=60)
-        except httpx.HTTPError as exc:
-            raise _fail(f"cannot reach {server}: {exc}") from exc
-        if response.status_code != 200:
-            raise _fail(f"{url}: HTTP {response.status_code}: {response.text.strip()}")
+        response = _api("GET", server, f"/experiments/{name}/records", token)
         records = [json.loads(line) for line in response.text.splitlines() if line.strip()]
     else:
         redis = redis_url or os.environ.get("HOTLINE_REDIS_URL")
@@ -187,25 +195,13 @@ def start(
         experiment = load_experiment(config)
     except ValueError as exc:
         raise _fail(str(exc)) from exc
-    url = f"{server.rstrip('/')}/experiments/{experiment.name}"
     body = experiment.model_dump(mode="json")
-    try:
-        response = httpx.put(url, json=body, headers=_headers(token), timeout=10)
-    except httpx.HTTPError as exc:
-        raise _fail(f"cannot reach {server}: {exc}") from exc
-    if response.status_code != 200:
-        raise _fail(f"HTTP {response.status_code}: {response.text.strip()}")
+    _api("PUT", server, f"/experiments/{experiment.name}", token, body)
     console.print(f"experiment {experiment.name} running")
 
 
 @experiments_app.command()
 def stop(server: ServerOption = "http://127.0.0.1:8080", token: TokenOption = None) -> None:
     """Stop the running experiment: new calls get the default policy again."""
-    url = f"{server.rstrip('/')}/experiments/active"
-    try:
-        response = httpx.delete(url, headers=_headers(token), timeout=10)
-    except httpx.HTTPError as exc:
-        raise _fail(f"cannot reach {server}: {exc}") from exc
-    if response.status_code != 200:
-        raise _fail(f"HTTP {response.status_code}: {response.text.strip()}")
+    response = _api("DELETE", server, "/experiments/active", token)
     console.print(f"stopped: {response.json().get('stopped')}")
