@@ -93,6 +93,10 @@ class Attempt:
         except LLMError as exc:
             self.error = exc
             self.queue.put_nowait(exc)
+        except Exception as exc:  # a bug or an unexpected reply: end this request, not the call
+            log.exception("LLM request on %s failed unexpectedly", self.plan.tier)
+            self.error = LLMError(None, f"{type(exc).__name__}: {exc}")
+            self.queue.put_nowait(self.error)
         finally:
             self.settled.set()
 

@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 
 from pipeline.controller import Controller, ControllerSettings
 from pipeline.llm import ChatMessage, LLMError, LLMSettings, LLMTier
@@ -535,3 +538,26 @@ async def test_a_request_cut_off_before_its_first_token_teaches_the_wait_net_of_
         # ... but only the wait beyond the prompt's prefill is latency
         assert learned <= waited_at_most_ms - prefill_ms
         await rig.stats.wait_until(lambda s: s.streams_cancelled == 1)
+
+
+async def test_a_provider_sending_garbage_counts_as_failed_and_the_turn_falls_back() -> None:
+    """A 'provider' whose stream is not JSON: the turn still gets its reply from the next tier."""
+
+    async def garbage(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            yield b"data: {this is not json\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    broken = Starlette(routes=[Route("/v1/chat/completions", garbage, methods=["POST"])])
+    async with running_simulator(app=broken) as broken_url:
+        fast = FAST.model_copy(update={"base_url": broken_url})
+        async with rig_for(tiers=[fast, STANDARD]) as rig:
+            reply = rig.call(budget_ms=TIGHT_MS).reply(HISTORY, time.monotonic())
+            assert reply.plan.tier == "fast"
+            assert (await speak(reply)).startswith(f"You said: {HEARD}. ")
+            decision = reply.finish(TIMINGS)
+    assert decision is not None and decision["taken"] == "fallback"
+    failed, spoke = attempts(decision)
+    assert (failed["tier"], failed["result"], failed["status"]) == ("fast", "failed", None)
+    assert (spoke["tier"], spoke["result"]) == ("standard", "spoke")
