@@ -369,7 +369,11 @@ class RoutedReply:
                     )
                     self.router.controller.observe(outcome)
             record = decision_record(self.plan, TurnOutcome(self.plan.tier, self.plan.effort))
-            record.update(taken="none", tier=None, effort=None)
+            # "failed": no request could answer; "none": the caller cut in before any did
+            gave_up = bool(self.attempts) and all(
+                a.result in ("failed", "timeout") for a in self.attempts
+            )
+            record.update(taken="failed" if gave_up else "none", tier=None, effort=None)
         else:
             outcome = self._outcome(winner, timings_ms)
             self.router.controller.observe(outcome)

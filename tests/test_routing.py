@@ -281,7 +281,7 @@ async def test_client_error_reaches_the_caller_without_fallback_or_rest() -> Non
         assert rig.stats.streams_started == 0 and rig.stats.last_request is None
         decision = reply.finish({})
         assert decision is not None
-        assert decision["taken"] == "none"
+        assert decision["taken"] == "failed"
         assert (decision["tier"], decision["effort"]) == (None, None)
         assert decision["actual_first_audio_ms"] is None
         assert attempts(decision) == [attempt("broken", "low", "planned", "failed", 400)]
@@ -303,7 +303,7 @@ async def test_every_tier_failing_raises_after_trying_each_once(rig: Rig) -> Non
     assert set(rig.controller.cooling()) == {"fast", "standard"}
     decision = reply.finish(TIMINGS)
     assert decision is not None
-    assert decision["taken"] == "none"
+    assert decision["taken"] == "failed"
     listed = attempts(decision)
     assert [(a["tier"], a["kind"], a["result"], a["status"]) for a in listed] == [
         ("fast", "planned", "failed", 503),

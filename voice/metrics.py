@@ -14,7 +14,7 @@ TURNS = Counter("hotline_turns_total", "Finished turns, by effort and tier.", ["
 INTERRUPTED = Counter("hotline_turns_interrupted_total", "Turns the caller talked over.")
 DECISIONS = Counter(
     "hotline_turn_decisions_total",
-    "How each turn's LLM request went: planned, fallback, hedge (or none: cut off first).",
+    "How each turn's LLM request went: planned, fallback, hedge, failed (or none: cut off).",
     ["taken"],
 )
 BUDGET = Counter(
