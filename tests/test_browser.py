@@ -54,7 +54,10 @@ async def test_softphone_page_places_a_call(server: Server, tmp_path: Path) -> N
             caller_text = (await caller.inner_text()).lower()
             bot_text = (await bot.inner_text()).lower()
             print(f"\npage shows caller: {caller_text!r}\nbot: {bot_text!r}")
-            print(await latency.inner_text())
+            shown = await latency.inner_text()
+            print(shown)
+            assert "of a 1000 ms budget" in shown and "effort" in shown
+            assert await latency.get_attribute("title")  # the controller's reason, on hover
             assert "taxi" in caller_text and "airport" in caller_text
             assert "taxi" in bot_text
             await page.click("#hangup")
