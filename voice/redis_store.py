@@ -78,6 +78,20 @@ def experiment_keys(prefix: str, name: str) -> tuple[str, str]:
     return f"{prefix}:experiment:{{{name}}}:config", f"{prefix}:experiment:{{{name}}}:calls"
 
 
+async def index_experiment_call(
+    redis: aioredis.Redis, prefix: str, call: CallRecord, retention_s: int
+) -> None:
+    """List a call that is in an experiment under it (its report finds the call there)."""
+    experiment = getattr(call, "experiment", None)
+    if not experiment:
+        return
+    index = experiment_keys(prefix, experiment)[1]
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.zadd(index, {call.call_id: getattr(call, "started_at", 0.0)})
+        pipe.expire(index, retention_s)
+        await pipe.execute()
+
+
 def control_list(prefix: str, worker_id: str) -> str:
     return f"{prefix}:control:{{{worker_id}}}"
 

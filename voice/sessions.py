@@ -38,7 +38,7 @@ from voice.redis_store import (
     decode,
     encode,
     event_json,
-    experiment_keys,
+    index_experiment_call,
     not_cancelled,
     reply_list,
     text,
@@ -295,12 +295,7 @@ class Sessions:
                     await self._scripts["release"](keys=release_keys, args=args)
             args = [retention, op.event, "replace", *encode(op.call)]
             await self._scripts["write_call"](keys=keys, args=args)
-            if experiment := getattr(op.call, "experiment", None):  # its report finds it here
-                index = experiment_keys(self._prefix, experiment)[1]
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.zadd(index, {op.call.call_id: getattr(op.call, "started_at", 0.0)})
-                    pipe.expire(index, retention)
-                    await pipe.execute()
+            await index_experiment_call(self.redis, self._prefix, op.call, retention)
 
     # -- heartbeats and the reaper --------------------------------------------------------------
 
