@@ -561,3 +561,22 @@ async def test_a_provider_sending_garbage_counts_as_failed_and_the_turn_falls_ba
     failed, spoke = attempts(decision)
     assert (failed["tier"], failed["result"], failed["status"]) == ("fast", "failed", None)
     assert (spoke["tier"], spoke["result"]) == ("standard", "spoke")
+
+
+async def test_each_tier_speaks_its_own_api_flavour_and_model() -> None:
+    """A tier on the Responses API with its own model, next to one on Chat Completions."""
+    fast = FAST.model_copy(update={"api": "responses", "model": "fast-model"})
+    async with rig_for(tiers=[fast, STANDARD]) as rig:
+        call = rig.call(budget_ms=TIGHT_MS)
+        first = call.reply(HISTORY, time.monotonic())
+        assert first.plan.tier == "fast"
+        assert (await speak(first)).startswith(f"You said: {HEARD}. ")
+        sent = rig.stats.last_request
+        assert sent is not None
+        assert (sent.api, sent.model, sent.effort) == ("responses", "fast-model", first.plan.effort)
+        fixed = rig.call(policy="fixed", effort="low", tier="standard").reply(
+            HISTORY, time.monotonic()
+        )
+        assert (await speak(fixed)).startswith("You said:")
+        sent = rig.stats.last_request
+        assert sent is not None and (sent.api, sent.model) == ("chat", "hotline-sim")
