@@ -230,6 +230,10 @@ class Conversation:
 
     async def _interrupt(self) -> None:
         """Silence the reply at once, then stop the response task."""
+        if self._response is not None and not self._response.done():
+            # First, so that it queues no more audio: clear() awaits the wire, and a sentence
+            # whose synthesis finished meanwhile would otherwise be played after the clear.
+            self._response.cancel()
         await self.transport.clear()
         await self._stop_response()
 
