@@ -11,9 +11,8 @@ import functools
 from collections.abc import Iterator
 
 import numpy as np
-import soxr
 
-from voice.audio import espeak, write_wav
+from voice.audio import espeak, resample, write_wav
 from voice.audio import frames as audio_frames
 
 __all__ = ["concat", "espeak", "frames", "noise", "piper", "resample", "silence", "write_wav"]
@@ -32,14 +31,6 @@ def _piper_cached(text: str) -> np.ndarray:
 
     voice = TextToSpeech.shared()
     return resample(voice.synthesize_blocking(text), voice.sample_rate, RATE)
-
-
-def resample(pcm: np.ndarray, rate_in: int, rate_out: int = RATE) -> np.ndarray:
-    """Resample int16 mono audio with soxr (high quality); returns int16."""
-    if rate_in == rate_out:
-        return pcm.astype(np.int16, copy=True)
-    out = np.asarray(soxr.resample(pcm.astype(np.float32) / 32768.0, rate_in, rate_out, "HQ"))
-    return np.clip(np.round(out * 32768.0), -32768, 32767).astype(np.int16)
 
 
 def silence(ms: int) -> np.ndarray:

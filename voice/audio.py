@@ -18,6 +18,13 @@ from pipeline.transport import FRAME_SAMPLES, SAMPLE_RATE
 PCM = npt.NDArray[np.int16]
 
 
+def resample(pcm: PCM, source_rate: int, rate: int = SAMPLE_RATE) -> PCM:
+    """A whole clip, int16 mono, from `source_rate` to `rate` (soxr, high quality)."""
+    if source_rate == rate:
+        return pcm
+    return np.ascontiguousarray(soxr.resample(pcm, source_rate, rate, "HQ"), dtype=np.int16)
+
+
 def read_wav(path: str | Path, rate: int = SAMPLE_RATE) -> PCM:
     """Read a PCM16 WAV file as mono int16 at `rate` (channels averaged, resampled with soxr)."""
     with wave.open(str(path), "rb") as wav:
@@ -28,9 +35,7 @@ def read_wav(path: str | Path, rate: int = SAMPLE_RATE) -> PCM:
         data = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
     if channels > 1:
         data = data.reshape(-1, channels).mean(axis=1).astype(np.int16)
-    if source_rate != rate:
-        data = soxr.resample(data, source_rate, rate)
-    return np.ascontiguousarray(data, dtype=np.int16)
+    return resample(np.ascontiguousarray(data, dtype=np.int16), source_rate, rate)
 
 
 def espeak(text: str, voice: str = "en-us", wpm: int = 160) -> PCM:

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import soxr
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
@@ -44,7 +43,7 @@ from pipeline.stt import SpeechToText, STTSettings
 from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE, AudioIn, HangUp, InboundEvent
 from pipeline.tts import TextToSpeech, TTSSettings
 from pipeline.turns import TurnSettings
-from voice.audio import frames
+from voice.audio import frames, resample
 from voice.experiments import Arm, Experiment
 
 log = logging.getLogger(__name__)
@@ -184,13 +183,11 @@ class ReplayLine:
 
 def caller_utterances(texts: Sequence[str], tts: TextToSpeech) -> list[PCM]:
     """Each text spoken by the bundled voice at 16 kHz, with 300 ms of silence before it."""
-    spoken = []
-    for text in texts:
-        audio = tts.synthesize_blocking(text).astype(np.float32) / 32768.0
-        pcm = np.asarray(soxr.resample(audio, tts.sample_rate, SAMPLE_RATE, "HQ"))
-        pcm16 = np.clip(np.round(pcm * 32768.0), -32768, 32767).astype(np.int16)
-        spoken.append(np.concatenate([np.zeros(SAMPLE_RATE * 3 // 10, np.int16), pcm16]))
-    return spoken
+    lead = np.zeros(SAMPLE_RATE * 3 // 10, np.int16)
+    return [
+        np.concatenate([lead, resample(tts.synthesize_blocking(text), tts.sample_rate)])
+        for text in texts
+    ]
 
 
 async def simulate(

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from typing import Literal, TextIO
 
 import numpy as np
-import soxr
 
-from voice.audio import PCM, espeak
+from voice.audio import PCM, espeak, resample
 from voice.wer import RATE, WordErrors, telephone, word_errors
 
 # -- corpus and voices ---------------------------------------------------------------------
@@ -102,9 +101,7 @@ def _piper(text: str, length_scale: float | None) -> PCM:
     from pipeline.tts import TextToSpeech, TTSSettings
 
     tts = TextToSpeech.shared(TTSSettings(length_scale=length_scale))
-    audio = tts.synthesize_blocking(text)
-    out = soxr.resample(audio, tts.sample_rate, RATE, "HQ")
-    return np.ascontiguousarray(out, dtype=np.int16)
+    return resample(tts.synthesize_blocking(text), tts.sample_rate, RATE)
 
 
 # -- the study -----------------------------------------------------------------------------
