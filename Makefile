@@ -1,5 +1,6 @@
-# Hotline: `make serve` runs the server, `make test` runs the checks and tests.
-# Both create (or reuse) the virtual environment in .venv and install what they need.
+# Hotline: `make serve` runs the server, `make test` runs the checks and tests,
+# `make test-fast` the unit tests alone (about a minute).
+# All create (or reuse) the virtual environment in .venv and install what they need.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +9,10 @@ STAMP := $(VENV)/.installed
 # Debian packages the tests use: test speech (espeak-ng, sox), the browser test (chromium), Redis.
 TEST_DEBS := espeak-ng sox chromium redis-server
 
-.PHONY: serve test lint system-deps clean
+# The real-time tests mostly wait on the clock, so more workers than cores still pay off.
+TEST_WORKERS ?= 3
+
+.PHONY: serve test test-fast lint system-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +36,17 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# Everything: first all tests but the `serial` ones, in parallel; then the `serial` ones (they
+# assert times measured on real-time calls) alone on an otherwise idle machine. Both always run.
 test: $(STAMP) system-deps lint
-	$(BIN)/pytest
+	@status=0; \
+	$(BIN)/pytest -m "not serial" -n $(TEST_WORKERS) --dist worksteal --durations=15 || status=$$?; \
+	$(BIN)/pytest -m serial --durations=15 || status=$$?; \
+	exit $$status
+
+# The unit tests: no server processes, no real-time calls.
+test-fast: $(STAMP) system-deps
+	$(BIN)/pytest -m "not slow" -n 2 --durations=15
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -85,3 +85,10 @@ def server() -> Iterator[Server]:
     yield running
     code = stop_server(running)
     assert code == 0, "\n".join(running.log[-40:])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A `serial` test is also `slow`: `make test-fast` leaves both out."""
+    for item in items:
+        if item.get_closest_marker("serial") is not None:
+            item.add_marker(pytest.mark.slow)

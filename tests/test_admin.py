@@ -16,6 +16,8 @@ from tests.conftest import Server, start_server, stop_server
 from tests.speech import concat, piper, silence
 from voice.phone_caller import place_twilio_call
 
+pytestmark = pytest.mark.slow
+
 TOKEN = "s3cret-api-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

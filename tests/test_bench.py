@@ -133,6 +133,7 @@ def test_twilio_stream_url_follows_the_server_url() -> None:
     assert twilio_stream_url("https://hotline.example") == "wss://hotline.example/twilio/stream"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["webrtc", "twilio"])
 async def test_a_small_real_run(server: Server, transport: Literal["webrtc", "twilio"]) -> None:
     seen: list[int] = []

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from playwright.async_api import async_playwright
 
 from tests.conftest import Server
 from tests.speech import concat, espeak, silence, write_wav
+
+pytestmark = pytest.mark.slow
 
 CHROMIUM = "/usr/bin/chromium"
 

@@ -33,6 +33,8 @@ from tests.speech import concat, espeak, silence
 from voice.audio import StreamResampler, mulaw_encode
 from voice.caller import voiced_span
 
+pytestmark = pytest.mark.slow
+
 FIRST = "Please book a table for two people tonight."
 SECOND = "Wait, actually I want a table for four."
 SHORT = "Hello, is anyone there?"

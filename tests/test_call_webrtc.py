@@ -7,11 +7,14 @@ import re
 
 import httpx
 import numpy as np
+import pytest
 
 from pipeline.stt import SpeechToText
 from tests.conftest import Server
 from tests.speech import concat, espeak, silence
 from voice.caller import place_call
+
+pytestmark = pytest.mark.slow
 
 FIRST = "Please book a table for two people tonight."
 SECOND = "What will the weather be like in Paris tomorrow?"
@@ -56,7 +59,14 @@ async def test_two_turn_call_hears_the_callers_words(server: Server) -> None:
     assert words(records[0]["reply_text"]) == words(records[0]["generated_text"])
 
 
+@pytest.mark.serial
 async def test_barge_in_stops_the_reply_and_truncates_history(server: Server) -> None:
+    """Barge-in within 300 ms is a product requirement, measured at the caller from the onset
+    of its speech to the reply going silent. What fills that time hardly depends on CPU speed:
+    Silero needs a fixed amount of *audio* (about 100-200 ms) to call it speech, then the
+    server cancels and flushes in a few ms of event-loop work. It is robust as long as that
+    event loop is not starved, so this test runs alone (`serial`), on an otherwise idle server.
+    """
     result = await place_call(
         server.url,
         [utterance(FIRST), utterance("Wait, actually I want a table for four.")],

@@ -37,7 +37,7 @@ from voice.caller import first_audible_after, silent_for_after, voiced_span
 from voice.phone_caller import DEFAULT_CALLEE, DEFAULT_CALLER, TwilioPhone, twilio_sid
 from voice.twilio import CALLEE_PARAMETER, CALLER_PARAMETER
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 TOKEN = "cluster-api-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -26,10 +26,27 @@ def within(records: list[dict[str, Any]], arm: str, budget_ms: float) -> float:
     return len(hits) / len(mine)
 
 
-async def test_adaptive_arm_keeps_turns_within_budget_and_fixed_high_does_not(
+async def calibrated_budget_ms(slack_ms: float) -> float:
+    """This machine's own first audio at effort `none` (the fastest a turn can be), plus slack.
+
+    Machines differ by a third or more in STT and TTS time, so a fixed budget would test the
+    machine, not the controller.
+    """
+    probe = Experiment(
+        name="calibrate", arms=[Arm(name="none", policy="fixed", effort="none", budget_ms=1e4)]
+    )
+    records = await simulate(Simulation(experiment=probe, calls=1, turns_per_call=5))
+    first_audio = sorted(r["timings_ms"]["first_audio"] for r in records)
+    return round(first_audio[len(first_audio) // 2] + slack_ms)
+
+
+@pytest.mark.serial  # first-audio times against a budget: measured on an otherwise idle machine
+async def test_adaptive_arm_keeps_more_turns_within_budget_than_fixed_high(
     tmp_path: Path,
 ) -> None:
-    budget = 1200.0
+    # 400 ms over the pipeline's own median: room for the adaptive arm to think a little, far
+    # less than the ~1.4 s that high effort's 1024 reasoning tokens take at 750 tokens/s.
+    budget = await calibrated_budget_ms(slack_ms=400)
     experiment = Experiment(
         name="adaptive-vs-high",
         arms=[
@@ -37,18 +54,17 @@ async def test_adaptive_arm_keeps_turns_within_budget_and_fixed_high_does_not(
             Arm(name="fixed-high", policy="fixed", effort="high", budget_ms=budget),
         ],
     )
-    records = await simulate(Simulation(experiment=experiment, calls=3, turns_per_call=10))
+    records = await simulate(Simulation(experiment=experiment, calls=3, turns_per_call=4))
 
     for arm in ("adaptive", "fixed-high"):
         mine = [r for r in records if r["arm"] == arm]
-        assert len(mine) == 30, f"{arm}: {len(mine)} of 30 turns were answered"
+        assert len(mine) == 12, f"{arm}: {len(mine)} of 12 turns were answered"
         assert {r["call_id"] for r in mine} == {f"sim-{arm}-{n}" for n in (1, 2, 3)}
         assert all(r["experiment"] == "adaptive-vs-high" and r["reply_text"] for r in mine)
     adaptive_share = within(records, "adaptive", budget)
     high_share = within(records, "fixed-high", budget)
     print(f"\nwithin {budget:.0f} ms: adaptive {adaptive_share:.0%}, fixed high {high_share:.0%}")
-    assert adaptive_share >= 0.9
-    assert high_share < 0.9
+    assert adaptive_share >= high_share + 0.6
     adaptive = [r["decision"] for r in records if r["arm"] == "adaptive"]
     assert all(d["budget_ms"] == budget and d["taken"] == "planned" for d in adaptive)
     assert {d["effort"] for d in adaptive} <= {"none", "minimal", "low", "medium"}
@@ -73,10 +89,11 @@ async def test_adaptive_arm_keeps_turns_within_budget_and_fixed_high_does_not(
     result = CliRunner().invoke(app, [*command, "--csv", str(csv), "--plot", str(png)])
     assert result.exit_code == 0, result.output
     assert "fixed-high − adaptive" in result.stdout
-    assert len(csv.read_text().splitlines()) == 61
+    assert len(csv.read_text().splitlines()) == 1 + 24
     assert png.read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 async def test_a_scripted_429_burst_falls_back_within_the_turn_and_rests_the_tier() -> None:
     experiment = Experiment(name="burst", arms=[Arm(name="adaptive", budget_ms=1500)])
     sim = Simulation(

@@ -26,7 +26,7 @@ from tests.speech import concat, espeak, silence
 from voice.caller import place_call
 from voice.experiments import Experiment
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 FIRST = "Please book a table for two people tonight."
 SECOND = "What will the weather be like in Paris tomorrow?"
@@ -125,7 +125,8 @@ async def test_an_experiment_assigns_calls_to_arms_and_tags_their_turns(
         response = await http.put("/experiments/live", json={"arms": ARMS})
         assert response.status_code == 200 and response.json()["running"] == "live"
         try:
-            results = [await place_call(server.url, [utterance(FIRST)]) for _ in range(3)]
+            calls = (place_call(server.url, [utterance(FIRST)]) for _ in range(3))
+            results = await asyncio.gather(*calls)  # at once: arms are per call, not per time
         finally:
             assert (await http.delete("/experiments/active")).json() == {"stopped": "live"}
         assert (await http.get("/experiments")).json()["running"] is None

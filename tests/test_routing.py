@@ -316,7 +316,7 @@ async def test_every_tier_failing_raises_after_trying_each_once(rig: Rig) -> Non
 
 async def test_hedge_speaks_first_when_the_planned_tier_stalls() -> None:
     fast_low = FAST.model_copy(update={"efforts": ("low",)})  # the hedge goes to standard
-    stalled = FAST_PROFILE.model_copy(update={"ttft_ms": 1000})
+    stalled = FAST_PROFILE.model_copy(update={"ttft_ms": 3000})
     async with rig_for(tiers=[fast_low, STANDARD], profiles={"fast": stalled}, hedge=True) as rig:
         reply = rig.call(budget_ms=TIGHT_MS).reply(HISTORY, time.monotonic())
         plan = reply.plan
@@ -327,7 +327,7 @@ async def test_hedge_speaks_first_when_the_planned_tier_stalls() -> None:
 
         assert (await speak(reply)).startswith(f"You said: {HEARD}. ")
 
-        assert time.monotonic() - started < 0.9  # the stalled tier's first token never came
+        assert time.monotonic() - started < 2.0  # the stalled tier's first token never came
         decision = reply.finish(TIMINGS)
         assert decision is not None
         assert decision["taken"] == "hedge"

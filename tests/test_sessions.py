@@ -328,7 +328,7 @@ async def test_background_reaper_finds_a_dead_worker_within_twice_the_ttl(
     assert await a.flush()
     await a.stop()
     took = await eventually(lambda: _state_is(b, "call-1", "lost"), timeout_s=2 * TTL_S + 2)
-    assert took <= 2 * TTL_S + 0.3
+    assert took <= 2 * TTL_S + 0.5  # the reaper's own beat, and a loaded 2-core runner
     assert await states(c, "call-1") == ["active", "lost"]
     found = await c.get_call("call-1")
     assert found is not None and [t["turn"] for t in found[1]] == [1]

@@ -14,6 +14,8 @@ import websockets
 from tests.conftest import Server, start_server, stop_server
 from voice.twilio import twilio_signature
 
+pytestmark = pytest.mark.slow
+
 TOKEN = "test-auth-token-0123456789abcdef"
 SILENCE = base64.b64encode(b"\xff" * 160).decode()  # 20 ms of μ-law silence
 FORM = {
