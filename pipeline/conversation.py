@@ -8,13 +8,15 @@ response task: STT -> LLM stream -> sentences -> TTS -> transport.play()
 
 The history keeps only what the caller heard: every sentence is queued at a known outbound
 position, and when a response ends (finished or interrupted) the transport's played position
-says how far the caller got.
+says how far the caller got. Every turn the caller spoke leaves one record, also when they hang
+up before hearing its reply (then with nothing heard).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -24,11 +26,12 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 import soxr
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from pipeline.llm import ChatMessage, LLMError
 from pipeline.records import TurnClock, TurnRecord
 from pipeline.sentences import SentenceSettings, SentenceSplitter
+from pipeline.speculation import Discarded, Gate, Speculation, Unanswered
 from pipeline.stt import Transcript
 from pipeline.transport import (
     SAMPLE_RATE,
@@ -38,7 +41,14 @@ from pipeline.transport import (
     PlaybackCleared,
     Transport,
 )
-from pipeline.turns import SpeechStarted, TurnDetector, TurnPause, TurnSegment, TurnSettings
+from pipeline.turns import (
+    SpeechResumed,
+    SpeechStarted,
+    TurnDetector,
+    TurnPause,
+    TurnSegment,
+    TurnSettings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +112,16 @@ class ConversationSettings(BaseModel):
     apology: str = "Sorry, I can't answer that right now. Please say it again in a moment."
     # Keys pressed within this long of each other make one keypad turn ("#" ends it at once).
     keypad_timeout_s: float = 1.5
+    # At hang-up, how long to wait for the transcript of a turn still being transcribed, so
+    # that its words are recorded too.
+    hang_up_stt_s: float = 5.0
+    # Synthesis follows playback: a sentence is synthesized once the one this many places
+    # before it has played, so a long reply (or a caller who stops listening) costs neither
+    # memory nor TTS time ahead of the ear.
+    sentences_ahead: int = Field(default=2, ge=1)
+    # Start the reply at the caller's pause (LLM request, first chunk synthesised), and speak
+    # it the moment the turn ends there (pipeline/speculation.py). Off: reply at the endpoint.
+    speculate: bool = True
 
 
 @dataclass
@@ -111,6 +131,18 @@ class _Spoken:
     text: str
     start: int
     end: int
+
+
+@dataclass
+class _Reply:
+    """What one response did: the turn it answers, what it queued and generated."""
+
+    turn: int
+    said: str
+    spoken: list[_Spoken]
+    generated: str
+    finished: bool  # played to its end
+    gate: Gate | None  # held at a pause's gate (speculative), or None
 
 
 def heard_text(spoken: Sequence[_Spoken], played: int) -> str:
@@ -173,11 +205,17 @@ class Conversation:
         self._keypad_timer: asyncio.TimerHandle | None = None
         self._response: asyncio.Task[None] | None = None
         # Caller speech whose reply was cut off before any of it played: it is answered together
-        # with the next turn (as audio if it was cut during STT, else as text).
-        self._unheard_audio: npt.NDArray[np.int16] | None = None
-        self._unanswered = ""
+        # with the next turn (as audio if it was cut during STT, else as text, whose record is
+        # kept back). If the caller hangs up first, it is recorded as a turn of its own.
+        self._unheard: Unanswered | None = None
+        self._carried: TurnRecord | None = None
+        self._ended = False  # the caller hung up: a reply cut off now is recorded, not carried
+        self.end_reason: str | None = None  # why the call ended, as the transport said
         # Transcription started when the caller paused, by the audio position where speech ended.
         self._early: tuple[int, asyncio.Task[Transcript]] | None = None
+        self._speculation: Speculation | None = None  # a reply begun at that pause, held
+        self.speculations_discarded = 0  # in the whole call
+        self._discarded_in_turn = 0  # since the last turn record
         # One stateful resampler for this call's outbound audio (TTS rate -> 16 kHz).
         self._resampler = soxr.ResampleStream(tts.sample_rate, SAMPLE_RATE, 1, dtype="int16")
 
@@ -200,18 +238,24 @@ class Conversation:
                             await self._barge_in(found)
                         elif isinstance(found, TurnPause):
                             self._transcribe_early(found)
+                        elif isinstance(found, SpeechResumed):
+                            self._discard_speculation("the caller spoke again")
                         else:
                             self._start_response(found)
                 elif isinstance(event, Dtmf):
                     await self._key_pressed(event.digit)
                 elif isinstance(event, HangUp):
                     log.info("call %s: hang-up (%s)", self.call_id, event.reason)
+                    self.end_reason = event.reason
                     break
         finally:
+            self._ended = True
             if self._keypad_timer is not None:
                 self._keypad_timer.cancel()
+            self._discard_speculation("the caller hung up")
             self._drop_early()
             await self._stop_response()
+            await self._record_unanswered()
             log.info("call %s: conversation ended after %d turns", self.call_id, len(self.records))
 
     # -- barge-in ---------------------------------------------------------------------------
@@ -239,6 +283,7 @@ class Conversation:
 
     async def say(self, text: str) -> None:
         """Speak `text` into the call now, cutting off any reply in progress."""
+        self._discard_speculation("an announcement")
         await self._interrupt()
         self._response = asyncio.create_task(self._announce(text))
 
@@ -249,6 +294,7 @@ class Conversation:
         self._emit({"type": "dtmf", "digit": digit})
         if self._on_key is not None and self._on_key(digit):
             return
+        self._discard_speculation("a key was pressed")
         if not self._keypad and self._response is not None and not self._response.done():
             await self._interrupt()  # a key press cuts the reply short, as speech does
         if self._keypad_timer is not None:
@@ -276,20 +322,62 @@ class Conversation:
         if task is None or task.done():
             return
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this task was cancelled too, not only the response
 
     def _caller_audio(self, audio: npt.NDArray[np.int16]) -> npt.NDArray[np.int16]:
         """The audio to transcribe: `audio`, after any speech whose reply was cut off unheard."""
-        if self._unheard_audio is None:
+        if self._unheard is None:
             return audio
-        return np.concatenate([self._unheard_audio, audio])
+        return np.concatenate([self._unheard.audio, audio])
 
     def _transcribe_early(self, pause: TurnPause) -> None:
-        """Start transcribing at a pause, so the transcript is ready when the turn ends."""
+        """Start transcribing at a pause, so the transcript is ready when the turn ends; with
+        speculation on (and nothing else speaking), start the reply too, held at a gate."""
+        self._discard_speculation("the caller paused again")
         self._drop_early()
-        task = asyncio.create_task(self.stt.transcribe(self._caller_audio(pause.audio)))
+        audio = self._caller_audio(pause.audio)
+        task = asyncio.create_task(self.stt.transcribe(audio))
         self._early = (pause.end_position, task)
+        idle = self._response is None or self._response.done()
+        if self.settings.speculate and idle and not self._keypad:
+            words, gate = Unanswered(audio, TurnClock(pause.speech_ended_at), task), Gate()
+            reply = asyncio.create_task(self._respond(words, task, gate))
+            self._speculation = Speculation(pause.end_position, words, gate, reply)
+
+    def _discard_speculation(self, why: str) -> None:
+        spec, self._speculation = self._speculation, None
+        if spec is None:
+            return
+        spec.gate.discard()
+        if not spec.task.done():
+            spec.task.cancel()
+        log.info("call %s: speculative reply discarded: %s", self.call_id, why)
+
+    def _count_discarded(self) -> None:
+        """A speculative reply that had sent its LLM request was thrown away."""
+        self.speculations_discarded += 1
+        self._discarded_in_turn += 1
+        self._emit({"type": "speculation_discarded", "count": self.speculations_discarded})
+
+    def _release(self, spec: Speculation, segment: TurnSegment) -> None:
+        """The turn ended at the speculation's pause: its held reply is the response now."""
+        words = spec.words
+        words.clock.mark("endpoint", segment.detected_at)
+        if self._early is not None and self._early[1] is words.transcript:
+            self._early = None  # the reply awaits it: consumed, not cancelled
+        self._drop_early()
+        if self._unheard is not None and self._unheard.transcript is not None:
+            self._unheard.transcript.cancel()  # its audio is in this transcript too
+        # Until the transcript is in, a hang-up still records these words.
+        pending = words.transcript is not None and not words.transcript.done()
+        self._unheard = words if pending else None
+        self._response = spec.task
+        spec.gate.open()
 
     def _drop_early(self) -> None:
         if self._early is not None:
@@ -297,6 +385,14 @@ class Conversation:
             self._early = None
 
     def _start_response(self, segment: TurnSegment) -> None:
+        spec, self._speculation = self._speculation, None
+        if spec is not None and spec.end_position == segment.end_position:
+            if not spec.task.done():
+                self._release(spec, segment)
+                return
+        elif spec is not None:
+            self._speculation = spec
+            self._discard_speculation("the turn ended at another pause")
         if self._response is not None and not self._response.done():
             # A turn can only end after speech started, which already cancelled any response.
             log.warning("call %s: turn ended while a response was running", self.call_id)
@@ -305,88 +401,128 @@ class Conversation:
         if self._early is not None and self._early[0] == segment.end_position:
             early, self._early = self._early[1], None
         self._drop_early()
-        self._response = asyncio.create_task(self._respond(segment, early))
+        clock = TurnClock(segment.speech_ended_at)
+        clock.mark("endpoint", segment.detected_at)
+        audio = self._caller_audio(segment.audio)
+        if self._unheard is not None and self._unheard.transcript is not None:
+            self._unheard.transcript.cancel()  # its audio is transcribed again, with this turn's
+        # The same audio was handed to STT when the caller paused, unless speech resumed.
+        transcribing = early or asyncio.create_task(self.stt.transcribe(audio))
+        # Kept on the call from here, not in the task: the caller may hang up before it runs.
+        self._unheard = Unanswered(audio, clock, transcribing)
+        self._response = asyncio.create_task(self._respond(self._unheard, transcribing))
 
     # -- one response -----------------------------------------------------------------------
 
     async def _respond(
-        self, segment: TurnSegment, early: asyncio.Task[Transcript] | None = None
+        self,
+        unheard: Unanswered,
+        transcribing: asyncio.Task[Transcript],
+        gate: Gate | None = None,
     ) -> None:
-        clock = TurnClock(segment.speech_ended_at)
-        clock.mark("endpoint", segment.detected_at)
-        audio = self._caller_audio(segment.audio)
-        self._unheard_audio = audio
         try:
-            # The same audio was handed to STT when the caller paused, unless speech resumed.
-            transcript = await (early or self.stt.transcribe(audio))
-        finally:
-            if early is not None:
-                early.cancel()
+            # Shielded: after a hang-up, `_record_unanswered` still wants these words.
+            transcript = await asyncio.shield(transcribing)
+        except asyncio.CancelledError:
+            if not self._ended:  # cut off: transcribed again with the caller's next turn
+                transcribing.cancel()
+                unheard.transcript = None
+            raise
+        clock = unheard.clock
         clock.mark("stt")
-        self._unheard_audio = None
-        said = " ".join(part for part in (self._unanswered, transcript.text.strip()) if part)
+        if self._unheard is unheard:
+            self._unheard = None
+        carried = self._carried.caller_text if self._carried is not None else ""
+        said = " ".join(part for part in (carried, transcript.text.strip()) if part)
         if not transcript.text.strip():
             log.info("call %s: empty transcript, no reply", self.call_id)
             return
-        await self._reply(said, clock, round(transcript.inference_s * 1e3, 1))
+        await self._reply(said, clock, round(transcript.inference_s * 1e3, 1), gate)
 
-    async def _reply(self, said: str, clock: TurnClock, stt_ms: float | None) -> None:
-        """Answer what the caller said (or keyed in): LLM -> sentences -> TTS -> transport."""
-        self._unanswered = ""
+    async def _reply(
+        self, said: str, clock: TurnClock, stt_ms: float | None, gate: Gate | None = None
+    ) -> None:
+        """Answer what the caller said (or keyed in): LLM -> sentences -> TTS -> transport.
+        With a `gate` (a speculative reply) audio waits there, and the turn is taken (and
+        recorded) only if the gate opens."""
         turn = len(self.records) + 1
-        self._emit({"type": "transcript", "role": "caller", "turn": turn, "text": said})
+        confirm = functools.partial(self._confirm_turn, turn, said)
+        if gate is None:
+            confirm()
+        else:
+            gate.bind(confirm)
         history = [*self.history, ChatMessage(role="user", content=said)]
         stream = self.llm.reply(history, clock.zero)
         spoken: list[_Spoken] = []
         generated: list[str] = []
         finished = False
-        watcher: asyncio.Task[None] | None = None
+        watchers: list[asyncio.Task[None]] = []
+
+        async def speak(sentence: str) -> None:
+            watchers.extend(await self._speak(sentence, spoken, clock, gate))
+
         try:
             if stream.filler:
-                watcher = await self._speak(stream.filler, spoken, clock)
+                await speak(stream.filler)
             splitter = SentenceSplitter(self.sentence_settings)
             try:
                 async for delta in stream:
                     clock.mark("llm_first_token")
                     generated.append(delta)
                     for sentence in splitter.push(delta):
-                        watcher = await self._speak(sentence, spoken, clock) or watcher
+                        await speak(sentence)
             except LLMError as exc:
                 log.error("call %s: no reply from the LLM: %s", self.call_id, exc)
                 splitter = SentenceSplitter(self.sentence_settings)
                 for sentence in splitter.push(self.settings.apology):
-                    watcher = await self._speak(sentence, spoken, clock) or watcher
+                    await speak(sentence)
             for sentence in splitter.flush():
-                watcher = await self._speak(sentence, spoken, clock) or watcher
+                await speak(sentence)
+            if gate is not None:
+                await gate.passed()  # a reply with nothing to say is taken only if confirmed
             if spoken:
                 await self.transport.wait_played(spoken[-1].end)
             finished = True
-        except PlaybackCleared:
+        except (PlaybackCleared, Discarded):
             pass
         finally:
-            if watcher is not None:
+            for watcher in watchers:
                 watcher.cancel()
-            await stream.aclose()
-            self._finish_turn(
-                turn, said, spoken, "".join(generated), finished, clock, stt_ms, stream
-            )
+            try:
+                await stream.aclose()
+            finally:
+                # Also when the caller hung up: this task is being cancelled, and the record
+                # is written before the cancellation goes on.
+                reply = _Reply(turn, said, spoken, "".join(generated), finished, gate)
+                self._finish_turn(reply, clock, stt_ms, stream)
+
+    def _confirm_turn(self, turn: int, said: str) -> None:
+        """The caller's words are a turn being answered: show them, and carry nothing over."""
+        self._carried = None
+        self._emit({"type": "transcript", "role": "caller", "turn": turn, "text": said})
 
     async def _speak(
-        self, sentence: str, spoken: list[_Spoken], clock: TurnClock
-    ) -> asyncio.Task[None] | None:
-        """Synthesize one sentence and queue it; returns the first-audio watcher if it made one."""
+        self, sentence: str, spoken: list[_Spoken], clock: TurnClock, gate: Gate | None = None
+    ) -> list[asyncio.Task[None]]:
+        """Synthesize one sentence and queue it (once `gate`, if any, is open); returns the
+        first-audio watcher if it made one."""
+        ahead = self.settings.sentences_ahead
+        if len(spoken) >= ahead:  # PlaybackCleared if the reply is cleared meanwhile
+            await self.transport.wait_played(spoken[-ahead].end)
         clock.mark("first_sentence")
         audio = await self.tts.synthesize(sentence)
         clock.mark("tts_first_chunk")
         pcm = self._resampler.resample_chunk(audio)
         if pcm.size == 0:
-            return None
+            return []
+        if gate is not None:
+            await gate.passed()
         start = self.transport.queued_samples
         end = self.transport.play(pcm)
         spoken.append(_Spoken(sentence, start, end))
         if len(spoken) == 1:
-            return asyncio.create_task(self._watch_first_audio(start, clock))
-        return None
+            return [asyncio.create_task(self._watch_first_audio(start, clock))]
+        return []
 
     async def _watch_first_audio(self, start: int, clock: TurnClock) -> None:
         with contextlib.suppress(PlaybackCleared):
@@ -394,29 +530,14 @@ class Conversation:
             clock.mark("first_audio", await self.transport.wait_sent(start + 1))
 
     def _finish_turn(
-        self,
-        turn: int,
-        said: str,
-        spoken: list[_Spoken],
-        generated: str,
-        finished: bool,
-        clock: TurnClock,
-        stt_ms: float | None,
-        stream: ReplyStream,
+        self, reply: _Reply, clock: TurnClock, stt_ms: float | None, stream: ReplyStream
     ) -> None:
-        decision = stream.finish(clock.ms())
-        heard = heard_text(spoken, self.transport.played_samples)
-        interrupted = not finished
-        if interrupted and not heard:
-            # Nothing reached the caller: answer these words together with what comes next.
-            log.info(
-                "call %s: reply cut off before any audio; carrying the words over", self.call_id
-            )
-            self._unanswered = said
+        decision = stream.finish(clock.ms())  # the controller learns from it either way
+        if reply.gate is not None and not reply.gate.opened:
+            self._count_discarded()  # a speculation the caller spoke over: no turn
             return
-        self.history.append(ChatMessage(role="user", content=said))
-        if heard:
-            self.history.append(ChatMessage(role="assistant", content=heard))
+        turn, said, finished = reply.turn, reply.said, reply.finished
+        heard = heard_text(reply.spoken, self.transport.played_samples)
         budget = decision.get("budget_ms") if decision else None
         ttft = None
         if stream.first_token_at is not None:
@@ -425,8 +546,8 @@ class Conversation:
             turn=turn,
             caller_text=said,
             reply_text=heard,
-            generated_text=generated,
-            interrupted=interrupted,
+            generated_text=reply.generated,
+            interrupted=not finished,
             effort=stream.effort,
             tier=stream.requested_tier,
             tier_used=stream.service_tier,
@@ -441,40 +562,112 @@ class Conversation:
             arm=self.llm.arm,
             budget_ms=budget if isinstance(budget, int | float) else None,
             decision=decision,
+            speculative=reply.gate is not None,
+            speculations_discarded=self._discarded_in_turn,
         )
+        self._discarded_in_turn = 0
+        if record.interrupted and not heard and not self._ended:
+            # Nothing reached the caller: answer these words together with what comes next.
+            # The record waits, in case the caller hangs up before then.
+            log.info(
+                "call %s: reply cut off before any audio; carrying the words over", self.call_id
+            )
+            self._carried = record
+            return
+        self._keep(record)
+
+    def _keep(self, record: TurnRecord) -> None:
+        """A turn is over: the history takes what was said and heard, the call its record."""
+        self.history.append(ChatMessage(role="user", content=record.caller_text))
+        if record.reply_text:
+            self.history.append(ChatMessage(role="assistant", content=record.reply_text))
         self.records.append(record)
         log.info(
             "call %s turn %d%s: %s",
             self.call_id,
-            turn,
-            " (interrupted)" if interrupted else "",
+            record.turn,
+            " (interrupted)" if record.interrupted else "",
             record.timings_ms,
         )
         self._emit(
             {
                 "type": "transcript",
                 "role": "bot",
-                "turn": turn,
-                "text": heard,
-                "interrupted": interrupted,
+                "turn": record.turn,
+                "text": record.reply_text,
+                "interrupted": record.interrupted,
             }
         )
         self._emit({"type": "turn", "record": record.to_dict()})
         if self._on_turn is not None:
             self._on_turn(record)
 
+    async def _record_unanswered(self) -> None:
+        """At hang-up, the caller's words that no record holds yet become turns of their own,
+        with nothing heard: words carried over from a reply cut off unheard, then a turn that
+        was still being transcribed (or was cut off while it was)."""
+        carried, self._carried = self._carried, None
+        if carried is not None:
+            self._keep(carried)
+        unheard, self._unheard = self._unheard, None
+        if unheard is None:
+            return
+        transcript = await self._last_transcript(unheard)
+        if transcript is None or not transcript.text.strip():
+            return
+        clock, said, turn = unheard.clock, transcript.text.strip(), len(self.records) + 1
+        clock.mark("stt")
+        self._emit({"type": "transcript", "role": "caller", "turn": turn, "text": said})
+        self._keep(
+            TurnRecord(
+                turn=turn,
+                caller_text=said,
+                reply_text="",
+                generated_text="",
+                interrupted=True,
+                effort=None,
+                tier=None,
+                tier_used=None,
+                reason="the caller hung up before the reply",
+                timings_ms=clock.ms(),
+                stt_inference_ms=round(transcript.inference_s * 1e3, 1),
+                started_at=time.time() - (time.monotonic() - clock.zero),
+                experiment=self.llm.experiment,
+                arm=self.llm.arm,
+            )
+        )
+
+    async def _last_transcript(self, unheard: Unanswered) -> Transcript | None:
+        """The transcript of the speech the call ended on: the transcription under way if there
+        is one, else a new one; waited for at most `hang_up_stt_s`."""
+        task = unheard.transcript
+        if task is None or task.cancelled():
+            task = asyncio.create_task(self.stt.transcribe(unheard.audio))
+        try:
+            return await asyncio.wait_for(task, self.settings.hang_up_stt_s)
+        except Exception:  # a timeout, or the recognizer failed: the words are lost
+            log.warning(
+                "call %s: the caller's last words could not be transcribed",
+                self.call_id,
+                exc_info=True,
+            )
+            return None
+
     async def _announce(self, text: str) -> None:
         """Speak a fixed text (greeting, operator message); history keeps what was heard."""
         spoken: list[_Spoken] = []
-        watcher = None
+        watchers: list[asyncio.Task[None]] = []
+        clock = TurnClock(time.monotonic())
+        splitter = SentenceSplitter(self.sentence_settings)
         try:
-            watcher = await self._speak(text, spoken, TurnClock(time.monotonic()))
+            for sentence in [*splitter.push(text), *splitter.flush()]:
+                watchers.extend(await self._speak(sentence, spoken, clock))
             if spoken:
                 await self.transport.wait_played(spoken[-1].end)
         except PlaybackCleared:
             pass
         finally:
-            if watcher is not None:
+            for watcher in watchers:
                 watcher.cancel()
             heard = heard_text(spoken, self.transport.played_samples)
             if heard:

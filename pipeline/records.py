@@ -79,6 +79,10 @@ class TurnRecord:
     # The controller's decision: planned vs spoken tier and effort, predicted vs actual first
     # audio, why, and every request tried (`pipeline.routing.RoutedReply.finish`).
     decision: dict[str, object] | None = None
+    speculative: bool = False  # the reply began at the caller's pause, held until the turn ended
+    # Replies begun at earlier pauses of this turn and thrown away (the caller spoke on): LLM
+    # requests the operator paid for that nobody heard.
+    speculations_discarded: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -398,6 +398,11 @@ class RoutedReply:
         tts = None
         if "first_audio" in timings_ms and "first_sentence" in timings_ms:
             tts = timings_ms["first_audio"] - timings_ms["first_sentence"]
+            # A speculative reply's first chunk may have waited, ready, for the turn to end:
+            # that wait is not synthesis time.
+            ready = timings_ms.get("tts_first_chunk")
+            if ready is not None and timings_ms.get("endpoint", 0.0) > ready:
+                tts -= timings_ms["endpoint"] - ready
         return TurnOutcome(
             tier=attempt.plan.tier,
             effort=attempt.plan.effort,

@@ -16,11 +16,18 @@ Rules (each one is in `tests/test_sentences.py`):
   opens a sentence ("1. First"), nor the next number of an inline list ("1. Pasta 2. Pizza"
   splits before "2."). Decimals, versions, times, URLs and e-mail addresses never have
   whitespace right after their dots, so they are never split.
-- Audio starts sooner when the first sentence is short: if the first sentence of a reply runs
-  past `first_clause_cut_chars`, it is cut at its last clause boundary (`,` `;` `:` or a dash)
-  that has at least `first_clause_min_chars` before it (or else its first clause boundary after
-  the limit). Later sentences are spoken while earlier audio plays, so they are only cut once
-  they run past `max_chars` (last clause boundary, else last space) to bound TTS latency.
+- Audio starts sooner when the first piece is short (`short_first_chunk`): the first piece of a
+  reply is its first phrase ("Sure,", "Of course —", "Okay, so"), cut at the first clause
+  boundary (`,` `;` `:` or a dash, never one between two numbers: "June 5, 2024", "5 - 7")
+  that has 1 to `first_chunk_max_words` words before it. It is cut only when the sentence has
+  more than `first_chunk_whole_words` words and at least `first_chunk_rest_words` after the cut,
+  so a short sentence goes whole and no tiny fragment dangles; that is known once enough words
+  have streamed in, not at the sentence end. With no such boundary the rule below applies.
+- If the first sentence (or what is left of it after the short first phrase) runs past
+  `first_clause_cut_chars`, it is cut at its last clause boundary (`,` `;` `:` or a dash) that
+  has at least `first_clause_min_chars` before it (or else its first clause boundary after the
+  limit). Later sentences are spoken while earlier audio plays, so they are only cut once they
+  run past `max_chars` (last clause boundary, else last space) to bound TTS latency.
 - A piece shorter than `min_chars` is joined to the next one; markdown (**bold**, `code`,
   bullets, headings, links) is stripped; nothing empty or punctuation-only is ever emitted.
 
@@ -44,9 +51,11 @@ _OPENERS = "\"'“‘([{*_`"
 _BOUNDARY = re.compile(
     rf"(?P<end>[{re.escape(_TERMINATORS)}]+[{re.escape(_CLOSERS)}]*)(?=\s)|(?P<newline>\n)"
 )
-# The end of a clause: `,` `;` `:` (plus closers) before whitespace, a spaced dash, or an em/en
-# dash between words.
-_CLAUSE = re.compile(rf"[,;:][{re.escape(_CLOSERS)}]*(?=\s)|(?<=\s)[-–—](?=\s)|[–—](?=\w)")
+# The end of a clause: `,` `;` `:` (plus closers) before whitespace, a spaced dash, or an em
+# dash between letters ("course—let"; not an en dash, which joins a range: "Monday–Friday", "5–7").
+_CLAUSE = re.compile(
+    rf"[,;:][{re.escape(_CLOSERS)}]*(?=\s)|(?<=\s)[-–—](?=\s)|(?<=[^\W\d_])—(?=[^\W\d_])"
+)
 # Whatever at the end of the text could still become part of a sentence boundary.
 _UNDECIDED_TAIL = re.compile(rf"[{re.escape(_TERMINATORS + _CLOSERS)}\s]*\Z")
 _WORD_BEFORE = re.compile(r"\S*\Z")
@@ -60,6 +69,9 @@ _LINE_PREFIX = re.compile(r"^\s*(?:#{1,6}|[-*+•]|>)\s+", re.MULTILINE)
 _EDGE_UNDERSCORES = re.compile(r"(?<!\w)_+|_+(?!\w)")
 _LONE_HASHES = re.compile(r"(?<!\S)#+(?!\S)")
 _TRAILING_DASH = re.compile(r"\s*[-–—]\Z")
+# What separates words ("Of course—let me" is four words).
+_WORD_GAP = re.compile(r"[\s–—]+")
+_NOT_SPACE = re.compile(r"\S")
 
 # Never the end of a sentence: they always lead into the next word.
 _NEVER_FINAL = frozenset(
@@ -79,6 +91,7 @@ _BEFORE_NUMBER = frozenset(
 
 _NOT_A_BOUNDARY = -1
 _UNDECIDED = -2
+_SKIP = -3
 
 
 class SentenceSettings(BaseModel):
@@ -95,6 +108,13 @@ class SentenceSettings(BaseModel):
     first_clause_cut_chars: int = Field(default=40, ge=1)
     # Any later sentence longer than this is cut (clause boundary, else a space).
     max_chars: int = Field(default=200, ge=20)
+    # The first piece of a reply is its first phrase ("Sure,") when the first clause boundary
+    # has at most `first_chunk_max_words` words before it, the sentence has more than
+    # `first_chunk_whole_words` words, and `first_chunk_rest_words` or more follow the cut.
+    short_first_chunk: bool = True
+    first_chunk_max_words: int = Field(default=8, ge=1)
+    first_chunk_whole_words: int = Field(default=6, ge=0)
+    first_chunk_rest_words: int = Field(default=3, ge=1)
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -110,6 +130,7 @@ class SentenceSplitter:
         self.settings = settings or SentenceSettings()
         self._pending = ""
         self._spoke = False  # whether this reply's first sentence has been handed out
+        self._phrase_spoke = False  # whether its first phrase has been handed out on its own
 
     def push(self, text: str) -> list[str]:
         """Add a delta of the reply; return the sentences now complete."""
@@ -121,6 +142,7 @@ class SentenceSplitter:
         sentences = self._take(final=True)
         self._pending = ""
         self._spoke = False
+        self._phrase_spoke = False
         return sentences
 
     def _take(self, final: bool) -> list[str]:
@@ -129,19 +151,35 @@ class SentenceSplitter:
             self._pending = self._pending.lstrip()
             if not self._pending:
                 return sentences
-            end = self._next_end(self._pending, final)
-            if end is None:
+            found = self._next_end(self._pending, final)
+            if found is None:
                 return sentences
-            end = max(end, 1)
+            end, phrase = max(found[0], 1), found[1]
             piece, self._pending = self._pending[:end], self._pending[end:]
             sentence = speakable(piece)
             if _has_word(sentence):
                 sentences.append(sentence)
-                self._spoke = True
+                if phrase:
+                    self._phrase_spoke = True
+                else:
+                    self._spoke = True
 
-    def _next_end(self, text: str, final: bool) -> int | None:
-        """Where the next piece of `text` ends, or None while that is not known yet."""
+    def _next_end(self, text: str, final: bool) -> tuple[int, bool] | None:
+        """(where the next piece of `text` ends, whether it is the reply's first phrase cut out
+        of its sentence), or None while that is not known yet."""
         end, decided = self._sentence_end(text, final)
+        s = self.settings
+        if s.short_first_chunk and not self._spoke and not self._phrase_spoke:
+            phrase = _first_phrase_end(text, end, decided, final, s)
+            if phrase is None:
+                return None
+            if phrase != _NOT_A_BOUNDARY:
+                return phrase, True
+        cut = self._cut_end(text, end, decided)
+        return None if cut is None else (cut, False)
+
+    def _cut_end(self, text: str, end: int | None, decided: int) -> int | None:
+        """Where the next piece ends by the sentence and clause rules, or None if not known."""
         # The first sentence is at least this long (exactly this long when `end` is known).
         length = end if end is not None else decided
         s = self.settings
@@ -214,6 +252,50 @@ def _end_at(text: str, match: re.Match[str], final: bool) -> int:
         if marker and int(word) == int(marker[1]) + 1:
             return word_start  # the next item of an inline list starts here
     return match.end()
+
+
+def _first_phrase_end(
+    text: str, end: int | None, decided: int, final: bool, settings: SentenceSettings
+) -> int | None:
+    """Where the reply's first phrase ends, `_NOT_A_BOUNDARY` if it is not cut out of its
+    sentence, or None while that is not known yet (`end`, `decided`: see `_sentence_end`)."""
+    limit = end if end is not None else decided
+    words = _word_count(text[:limit])  # the sentence has at least this many words
+    # Only boundaries within `max_chars`: past it, the piece is cut by the `max_chars` rule.
+    for match in _CLAUSE.finditer(text, 0, min(limit, settings.max_chars + 1)):
+        cut = match.end()
+        if cut >= limit:
+            break
+        before = _word_count(text[:cut])
+        if before > settings.first_chunk_max_words:
+            return _NOT_A_BOUNDARY
+        between = _between_numbers(text, match, final)
+        if between == _UNDECIDED:
+            return None
+        if between == _SKIP or before == 0 or len(speakable(text[:cut])) < settings.min_chars:
+            continue
+        need = max(settings.first_chunk_whole_words + 1, before + settings.first_chunk_rest_words)
+        if words >= need or limit > settings.max_chars:
+            return cut
+        return _NOT_A_BOUNDARY if end is not None else None
+    if end is not None or words > settings.first_chunk_max_words or limit > settings.max_chars:
+        return _NOT_A_BOUNDARY
+    return None
+
+
+def _between_numbers(text: str, match: re.Match[str], final: bool) -> int:
+    """`_SKIP` if the phrase boundary `match` stands between two numbers ("June 5, 2024",
+    "5 - 7"), `_UNDECIDED` while the next character is not known, else 0."""
+    if not text[: match.start()].rstrip()[-1:].isdigit():
+        return 0
+    following = _NOT_SPACE.search(text, match.end())
+    if following is None:
+        return 0 if final else _UNDECIDED
+    return _SKIP if following[0].isdigit() else 0
+
+
+def _word_count(text: str) -> int:
+    return sum(1 for word in _WORD_GAP.split(text) if _has_word(word))
 
 
 def _clause_ends(text: str, limit: int) -> list[int]:

@@ -88,6 +88,14 @@ class TurnPause:
 
     audio: np.ndarray
     end_position: int
+    speech_ended_at: float = 0.0  # start of the silence: the zero of the turn, if it ends here
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    """The caller spoke again after a `TurnPause`: that pause did not end the turn."""
+
+    at: float
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,8 @@ class TurnSegment:
     detected_at: float  # when end-of-turn was decided (the `at` of the deciding chunk)
     end_position: int = 0  # samples since the call began where the speech ended
 
+
+TurnEvent = SpeechStarted | TurnPause | SpeechResumed | TurnSegment
 
 _session: ort.InferenceSession | None = None
 _session_lock = threading.Lock()
@@ -193,14 +203,14 @@ class TurnDetector:
         self._silence_from: int | None = None  # position where the trailing silence began
         self._paused = False  # TurnPause emitted for the current silence
 
-    def push(self, pcm: np.ndarray, at: float) -> list[SpeechStarted | TurnPause | TurnSegment]:
+    def push(self, pcm: np.ndarray, at: float) -> list[TurnEvent]:
         """Feed int16 16 kHz mono audio; `at` is the monotonic time its last sample arrived."""
         samples = np.array(pcm, dtype=np.int16).reshape(-1)  # a copy: callers reuse buffers
         self._tape.append(samples)
         self._received += len(samples)
         self._last_at = at
         self._pending = np.concatenate([self._pending, samples.astype(np.float32) / 32768.0])
-        events: list[SpeechStarted | TurnPause | TurnSegment] = []
+        events: list[TurnEvent] = []
         while len(self._pending) >= WINDOW:
             window, self._pending = self._pending[:WINDOW], self._pending[WINDOW:]
             start = self._analysed
@@ -213,7 +223,7 @@ class TurnDetector:
             self._tape.drop_before(keep)
         return events
 
-    def _step(self, start: int, prob: float) -> SpeechStarted | TurnPause | TurnSegment | None:
+    def _step(self, start: int, prob: float) -> TurnEvent | None:
         s = self.settings
         end = start + WINDOW
         voiced = prob >= s.threshold
@@ -224,8 +234,11 @@ class TurnDetector:
                 return self._maybe_started(end)
             return None
         if voiced:
+            resumed = self._paused
             self._silence_from = None
             self._paused = False
+            if resumed:
+                return SpeechResumed(at=self._time_of(start))
         elif silent and self._silence_from is None:
             self._silence_from = start
         if not self._started:
@@ -244,7 +257,9 @@ class TurnDetector:
             and end - self._silence_from >= self._ms(s.pause_ms)
         ):
             self._paused = True
-            return TurnPause(self._segment_audio(self._silence_from), self._silence_from)
+            audio = self._segment_audio(self._silence_from)
+            ended_at = self._time_of(self._silence_from)
+            return TurnPause(audio, self._silence_from, ended_at)
         if end - self._onset >= self._ms(round(s.max_turn_s * 1000)):
             return self._finish(self._silence_from if self._silence_from is not None else end)
         return None

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import Server, start_server, stop_server
 from tests.speech import concat, piper, silence
-from voice.phone_caller import place_twilio_call
+from voice.phone_caller import place_twilio_call, twilio_sid
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +67,8 @@ def test_unknown_calls_are_404_and_malformed_control_bodies_400(guarded: Server)
             response = http.post("/calls/no-such-call/say", content=body)
             assert response.status_code == 400, body
             assert "error" in response.json()
+        long = http.post("/calls/no-such-call/say", json={"text": "Hello. " * 300})
+        assert long.status_code == 413 and "2000 characters" in long.json()["error"]
 
 
 def test_metrics_and_readiness(guarded: Server) -> None:
@@ -110,12 +112,14 @@ async def wait_for_turns(http: httpx.AsyncClient, turns: int) -> str:
 
 async def test_sigterm_drains_refuses_new_calls_and_exits_0(guarded: Server) -> None:
     stream = guarded.url.replace("http://", "ws://") + "/twilio/stream"
-    call = asyncio.create_task(
-        place_twilio_call(
-            stream, [utterance("Please book a table for two."), utterance("Thanks, that is all.")]
-        )
-    )
     async with httpx.AsyncClient(base_url=guarded.url, headers=AUTH, timeout=10) as http:
+        sid, asked = twilio_sid("CA"), {"provider": "twilio"}
+        token = (await http.post("/phone/stream-token", json={**asked, "call_id": sid})).json()
+        speech = [utterance("Please book a table for two."), utterance("Thanks, that is all.")]
+        placed = place_twilio_call(
+            stream, speech, parameters={"token": token["token"]}, call_sid=sid
+        )
+        call = asyncio.create_task(placed)
         await wait_for_turns(http, 1)
         guarded.process.send_signal(signal.SIGTERM)
         for _ in range(100):  # bounded wait for the worker to notice

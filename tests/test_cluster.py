@@ -35,12 +35,18 @@ from tests.redis_server import RedisServer
 from tests.speech import concat, piper, silence
 from voice.caller import first_audible_after, silent_for_after, voiced_span
 from voice.phone_caller import DEFAULT_CALLEE, DEFAULT_CALLER, TwilioPhone, twilio_sid
-from voice.twilio import CALLEE_PARAMETER, CALLER_PARAMETER
+from voice.twilio import (
+    CALLEE_PARAMETER,
+    CALLER_PARAMETER,
+    SIGNATURE_HEADER,
+    twilio_signature,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 TOKEN = "cluster-api-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TWILIO_TOKEN = "cluster-twilio-auth-token"
 HEARTBEAT_S, TTL_S = 0.5, 1.5
 CLUSTER_LIMIT = 5
 SCHEDULING_MARGIN_S = 0.5  # the reaper's own beat, the API round trip, a loaded 2-core runner
@@ -78,6 +84,7 @@ def start_worker(redis: RedisServer) -> Worker:
         {
             "HOTLINE_REDIS_URL": redis.url,
             "HOTLINE_API_TOKEN": TOKEN,
+            "HOTLINE_TELEPHONY__TWILIO_AUTH_TOKEN": TWILIO_TOKEN,
             "HOTLINE_SESSIONS__HEARTBEAT_S": str(HEARTBEAT_S),
             "HOTLINE_SESSIONS__WORKER_TTL_S": str(TTL_S),
             "HOTLINE_SESSIONS__CLUSTER_LIMIT": str(CLUSTER_LIMIT),
@@ -132,6 +139,12 @@ def extra_worker(redis_server: RedisServer) -> Iterator[Worker]:
 # -- helpers ---------------------------------------------------------------------------------
 
 
+def signed(worker: Worker, form: dict[str, str]) -> dict[str, str]:
+    """Twilio's signature header for a webhook `form` posted to `worker`."""
+    url = worker.url + "/twilio/voice"
+    return {SIGNATURE_HEADER: twilio_signature(TWILIO_TOKEN, url, form)}
+
+
 async def eventually(check: Callable[[], Awaitable[T | None]], timeout_s: float, what: str) -> T:
     """The first truthy `check()`; fails after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
@@ -143,16 +156,21 @@ async def eventually(check: Callable[[], Awaitable[T | None]], timeout_s: float,
         await asyncio.sleep(0.05)
 
 
-def new_phone(socket: ClientConnection) -> TwilioPhone:
+async def new_phone(worker: Worker, socket: ClientConnection) -> TwilioPhone:
+    """A Twilio phone whose stream carries a token (any worker issues it, for any worker)."""
+    call_sid = twilio_sid("CA")
+    async with worker.http() as http:
+        asked = {"provider": "twilio", "call_id": call_sid}
+        token = (await http.post("/phone/stream-token", json=asked)).json()["token"]
     numbers = {CALLER_PARAMETER: DEFAULT_CALLER, CALLEE_PARAMETER: DEFAULT_CALLEE}
-    return TwilioPhone(socket, twilio_sid("CA"), twilio_sid("AC"), numbers)
+    return TwilioPhone(socket, call_sid, twilio_sid("AC"), {**numbers, "token": token})
 
 
 @contextlib.asynccontextmanager
 async def phone_call(worker: Worker) -> AsyncIterator[TwilioPhone]:
     """A Twilio media stream to `worker`, its 20 ms clock running; hangs up at the end."""
     async with connect(worker.ws("/twilio/stream"), compression=None, open_timeout=10) as socket:
-        phone = new_phone(socket)
+        phone = await new_phone(worker, socket)
         await phone.open()
         parts = [asyncio.create_task(phone.run()), asyncio.create_task(phone.listen())]
         try:
@@ -216,7 +234,7 @@ def has_turns(http: httpx.AsyncClient, call_id: str, turns: int) -> Callable[[],
 async def open_stream(worker: Worker) -> tuple[ClientConnection, TwilioPhone]:
     """A raw Twilio media stream that sends `connected` and `start`, then nothing."""
     socket = await connect(worker.ws("/twilio/stream"), compression=None, open_timeout=10)
-    return socket, new_phone(socket)
+    return socket, await new_phone(worker, socket)
 
 
 async def refused(socket: ClientConnection, timeout_s: float = 10.0) -> int | None:
@@ -351,6 +369,27 @@ async def test_a_call_on_a_is_listed_watched_told_and_hung_up_from_b(
     print(f"\nlive events on B: {[e['type'] for _, e in events]}")
 
 
+async def test_a_caller_who_hangs_up_before_any_mark_still_leaves_the_turn(
+    workers: tuple[Worker, Worker],
+) -> None:
+    a, b = workers
+    async with b.http() as http_b:
+        async with phone_call(a) as phone:
+            call_id = phone.call_sid
+            pcm = utterance(FIRST)
+            sent = await phone.say(pcm)
+            speech_end = sent[voiced_span(pcm)[1]] + 0.02
+            assert await phone.hear(first_audible_after(speech_end), 40) is not None
+            assert not phone.marks_echoed  # mid first sentence: the phone echoed no mark yet
+        # leaving the block sent `stop`: the caller hung up while the reply was playing
+        ended = await eventually(has_state(http_b, call_id, "ended"), 10, "the call ended")
+        [record] = ended["records"]  # read back from Redis by the other worker
+        assert {"table", "tonight"} <= caller_words(record)
+        assert record["interrupted"] and record["reply_text"] == ""
+        assert record["generated_text"].startswith("You said")
+        assert ended["end_reason"] == "stop: stream stopped"
+
+
 async def test_each_turn_is_one_live_event(workers: tuple[Worker, Worker]) -> None:
     a, b = workers
     async with b.http() as http_b, phone_call(a) as phone:
@@ -463,7 +502,8 @@ async def test_sigterm_drains_one_worker_while_the_other_still_admits(
             assert ready.json() == {"status": "draining", "active_calls": 1}
             offer = await http_d.post("/offer", json={"sdp": "v=0", "type": "offer"})
             assert offer.status_code == 503
-            webhook = await http_d.post("/twilio/voice", data={"CallSid": "CAx", "From": "+1"})
+            form = {"CallSid": "CAx", "From": "+1"}
+            webhook = await http_d.post("/twilio/voice", data=form, headers=signed(d, form))
             assert ET.fromstring(webhook.text).find("Hangup") is not None
             socket, late = await open_stream(d)
             async with socket:
@@ -472,7 +512,8 @@ async def test_sigterm_drains_one_worker_while_the_other_still_admits(
 
             # B goes on: ready, its webhook answers with a stream, and it admits a call.
             assert (await http_b.get("/readyz")).status_code == 200
-            webhook = await http_b.post("/twilio/voice", data={"CallSid": "CAy", "From": "+1"})
+            form = {"CallSid": "CAy", "From": "+1"}
+            webhook = await http_b.post("/twilio/voice", data=form, headers=signed(b, form))
             assert ET.fromstring(webhook.text).find("Connect/Stream") is not None
             socket, other = await open_stream(b)
             async with socket:

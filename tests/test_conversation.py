@@ -204,7 +204,9 @@ async def test_a_turn_is_answered_and_timed_in_order() -> None:
     line = PhoneLine()
     llm = ScriptedLLM(["Sure. A table for two at seven."])
     stt = ScriptedSTT(["table for two"], delay_s=0.2)
-    conversation = Conversation("c1", line, stt=stt, llm=llm, tts=ToneTTS())
+    # The classic timeline: the reply starts at the endpoint (speculation is tested below).
+    quiet = ConversationSettings(speculate=False)
+    conversation = Conversation("c1", line, stt=stt, llm=llm, tts=ToneTTS(), settings=quiet)
 
     async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
         async for event in speak(utterance("A table for two at seven please")):
@@ -278,6 +280,44 @@ async def test_barge_in_clears_the_line_closes_the_stream_and_keeps_what_was_hea
     assert conversation.history[1].content == first.reply_text
     assert second.caller_text == "stop" and second.reply_text == "Okay."
     assert len(conversation.barge_ins) == 1
+
+
+async def test_synthesis_follows_playback_at_most_two_sentences_ahead() -> None:
+    line = PhoneLine()
+    backlog: list[int] = []  # reply samples queued but not yet played, at each synthesis
+
+    class WatchedTTS(ToneTTS):
+        async def synthesize(self, text: str) -> PCM:
+            backlog.append(line.queued_samples - line.played_samples)
+            return await super().synthesize(text)
+
+    reply = "One two. Three four. Five six. Seven eight. Nine ten. Eleven twelve."
+    answered = asyncio.Event()
+    conversation = Conversation(
+        "c5",
+        line,
+        stt=ScriptedSTT(["go"]),
+        llm=ScriptedLLM([reply]),
+        tts=WatchedTTS(),
+        on_turn=lambda record: answered.set(),
+    )
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        async for event in speak(utterance("Count for me")):
+            yield event
+        await answered.wait()  # the whole reply played
+        yield HangUp("done")
+
+    line.script = caller
+    await conversation.run()
+
+    [record] = conversation.records
+    assert record.reply_text == reply and len(backlog) == 6
+    sentence = int(0.5 * SAMPLE_RATE)  # two words of tone
+    # Sentence n is synthesized once sentence n-2 has played: at most one sentence is waiting
+    # (without the rule, all six would be synthesized at once, with up to five waiting).
+    assert max(backlog) <= sentence + 0.05 * SAMPLE_RATE, backlog
+    assert backlog[2:] == [b for b in backlog[2:] if b > 0]  # the next one was still playing
 
 
 async def test_words_cut_off_before_any_audio_are_answered_with_the_next_turn() -> None:

@@ -262,6 +262,31 @@ def test_reject_twiml_says_sorry_then_hangs_up() -> None:
     assert response[0].text == message
 
 
+CONTROL = "".join(map(chr, range(0x20))) + "\x7f"
+
+
+@pytest.mark.parametrize("dirt", [CONTROL, "\ud800\udfff\ufffe\uffff", "\x00\x1b\r\n"])
+def test_stream_twiml_parses_whatever_the_parameters_contain(dirt: str) -> None:
+    twiml = stream_twiml(
+        f"wss://example.com/{dirt}twilio/stream",
+        {"from": f"+1555{dirt}0100", f"to{dirt}": dirt, "call_sid": f"CA{dirt}<&>"},
+    )
+    twiml.encode("utf-8")  # no lone surrogates left
+    (stream,) = ET.fromstring(twiml).iter("Stream")
+    assert stream.get("url") == "wss://example.com/twilio/stream"
+    assert [(p.get("name"), p.get("value")) for p in stream] == [
+        ("from", "+15550100"),
+        ("to", ""),
+        ("call_sid", "CA<&>"),
+    ]
+
+
+def test_reject_twiml_parses_whatever_the_message_contains() -> None:
+    response = ET.fromstring(reject_twiml("All lines\nare busy\x00\x07\x1b\x7f\ufffe, sorry"))
+    assert response[0].text == "All lines are busy, sorry"
+    assert ET.fromstring(reject_twiml(CONTROL + "\ud800"))[0].text is None
+
+
 # -- Telnyx --------------------------------------------------------------------------------
 
 STREAM_ID = "32DE0DEA-53CB-4B21-89A4-9E1819C043BC"

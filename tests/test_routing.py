@@ -580,3 +580,24 @@ async def test_each_tier_speaks_its_own_api_flavour_and_model() -> None:
         assert (await speak(fixed)).startswith("You said:")
         sent = rig.stats.last_request
         assert sent is not None and (sent.api, sent.model) == ("chat", "hotline-sim")
+
+
+async def test_a_held_speculative_reply_teaches_synthesis_time_not_the_wait(rig: Rig) -> None:
+    reply = rig.call(budget_ms=TIGHT_MS).reply(HISTORY, time.monotonic())
+    plan = reply.plan
+    before = rig.controller.estimates(plan.tier, plan.effort)["tts_ms"]
+    seen, prior = before.count, before.mean
+    await speak(reply)
+    # Synthesised 20 ms after the first sentence, then held 240 ms until the turn ended there,
+    # then sent 2 ms later: 22 ms of synthesis and sending, not 262.
+    held = {
+        "first_sentence": 40.0,
+        "tts_first_chunk": 60.0,
+        "endpoint": 300.0,
+        "first_audio": 302.0,
+    }
+    decision = reply.finish(held)
+    assert decision is not None and decision["actual_first_audio_ms"] == 302.0
+    after = rig.controller.estimates(plan.tier, plan.effort)["tts_ms"]
+    assert after.count == seen + 1
+    assert after.mean < max(prior, 22.0) + 1  # the wait (240 ms) was not learned as synthesis

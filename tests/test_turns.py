@@ -7,12 +7,20 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.turns import SpeechStarted, TurnDetector, TurnPause, TurnSegment, TurnSettings
+from pipeline.turns import (
+    SpeechResumed,
+    SpeechStarted,
+    TurnDetector,
+    TurnEvent,
+    TurnPause,
+    TurnSegment,
+    TurnSettings,
+)
 from tests.speech import RATE, concat, espeak, noise, silence
 
 T0 = 1000.0  # arbitrary monotonic origin: nothing may assume the clock starts at zero
 BOOKING = "I would like to book a table, for two people, at seven"
-Event = SpeechStarted | TurnPause | TurnSegment
+Event = TurnEvent
 
 
 def run(
@@ -20,7 +28,7 @@ def run(
 ) -> list[tuple[int, Event]]:
     """Feed `pcm` in `chunk`-sample pieces; each event with the samples pushed when it came.
 
-    TurnPause events are left out unless `pauses` is set.
+    TurnPause and SpeechResumed events are left out unless `pauses` is set.
     """
     out: list[tuple[int, Event]] = []
     pushed = 0
@@ -30,7 +38,7 @@ def run(
         out += [
             (pushed, e)
             for e in detector.push(piece, T0 + pushed / RATE)
-            if pauses or not isinstance(e, TurnPause)
+            if pauses or not isinstance(e, TurnPause | SpeechResumed)
         ]
     return out
 
@@ -257,12 +265,19 @@ def test_speech_resuming_after_a_pause_moves_the_turn_end() -> None:
     pcm = concat(silence(500), first, silence(100), rest, silence(1000))
     events = run(TurnDetector(), pcm, pauses=True)
 
-    assert [k for k in kinds(events) if k != "TurnPause"] == ["SpeechStarted", "TurnSegment"]
+    assert kinds(events) == [
+        "SpeechStarted",
+        "TurnPause",
+        "SpeechResumed",  # the pause did not end the turn: a reply begun there is void
+        "TurnPause",
+        "TurnSegment",
+    ]
     pauses = [e for _, e in events if isinstance(e, TurnPause)]
-    turn = events[-1][1]
-    assert isinstance(turn, TurnSegment)
-    assert len(pauses) == 2
+    resumed, turn = events[2][1], events[-1][1]
+    assert isinstance(resumed, SpeechResumed) and isinstance(turn, TurnSegment)
     assert pauses[0].end_position < pauses[1].end_position == turn.end_position
+    assert pauses[1].speech_ended_at == pytest.approx(turn.speech_ended_at, abs=1e-9)
+    assert pauses[0].speech_ended_at < resumed.at < pauses[1].speech_ended_at
 
 
 def test_pause_off_gives_no_pause_events() -> None:

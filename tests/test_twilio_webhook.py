@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -53,7 +55,94 @@ def test_a_signed_webhook_connects_the_call_to_the_media_stream(signed_server: S
     assert stream is not None
     assert stream.get("url") == signed_server.url.replace("http://", "ws://") + "/twilio/stream"
     parameters = {p.get("name"): p.get("value") for p in stream.findall("Parameter")}
+    token = parameters.pop("token")
     assert parameters == {"from": FORM["From"], "to": FORM["To"], "call_sid": FORM["CallSid"]}
+    assert token and TOKEN not in token  # a single-use stream token, not the secret
+
+
+def webhook_token(server: Server, call_sid: str) -> str:
+    """The stream token a signed webhook hands out for `call_sid`."""
+    form = {**FORM, "CallSid": call_sid}
+    signature = twilio_signature(TOKEN, f"{server.url}/twilio/voice", form)
+    response = httpx.post(
+        f"{server.url}/twilio/voice", data=form, headers={"X-Twilio-Signature": signature}
+    )
+    stream = ET.fromstring(response.text).find("./Connect/Stream")
+    assert stream is not None, response.text
+    return next(
+        str(p.get("value")) for p in stream.findall("Parameter") if p.get("name") == "token"
+    )
+
+
+async def stream_outcome(server: Server, call_sid: str, token: str | None, **headers: str) -> str:
+    """What happens to a stream that starts with this call SID and token: "admitted" (the server
+    lists the call), or how the server closed it."""
+    url = server.url.replace("http://", "ws://") + "/twilio/stream"
+    try:
+        async with websockets.connect(url, additional_headers=headers) as phone:
+            await phone.send(json.dumps(start_message(call_sid, token)))
+            async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+                for _ in range(100):  # bounded: the server admits, or closes the socket
+                    if await call_state(http, call_sid) == "active":
+                        break
+                    await phone.send(json.dumps(media_message()))
+                else:
+                    raise AssertionError("neither admitted nor closed")
+                await phone.close()
+                for _ in range(100):  # the line is free again before the next test call
+                    if await call_state(http, call_sid) == "ended":
+                        return "admitted"
+                    await asyncio.sleep(0.05)
+                raise AssertionError("the call did not end when its stream closed")
+    except websockets.ConnectionClosed as closed:
+        return f"closed {closed.rcvd.code if closed.rcvd else None}"
+    except websockets.InvalidStatus as refused:
+        return f"handshake {refused.response.status_code}"
+
+
+async def call_state(http: httpx.AsyncClient, call_id: str) -> str | None:
+    response = await http.get(f"/calls/{quote(call_id, safe='')}")
+    return str(response.json()["state"]) if response.status_code == 200 else None
+
+
+async def test_a_stream_needs_a_fresh_token_for_its_own_call(signed_server: Server) -> None:
+    sid = "CA" + "1" * 32
+    token = webhook_token(signed_server, sid)
+    assert await stream_outcome(signed_server, "CA" + "2" * 32, token) == "closed 1008"
+    assert await stream_outcome(signed_server, sid, None) == "closed 1008"
+    assert await stream_outcome(signed_server, sid, token[:-2] + "xx") == "closed 1008"
+    assert await stream_outcome(signed_server, sid, token) == "admitted"
+    assert await stream_outcome(signed_server, sid, token) == "closed 1008"  # single use
+    log = "\n".join(signed_server.log)
+    assert "stream token is for another call" in log and "stream token already used" in log
+    assert token not in log and TOKEN not in log
+
+
+async def test_a_forged_handshake_signature_is_refused_and_a_real_one_admitted(
+    signed_server: Server,
+) -> None:
+    sid = "CA" + "3" * 32
+    url = signed_server.url.replace("http://", "ws://") + "/twilio/stream"
+    forged = twilio_signature("not-the-token", url, {})
+    token = webhook_token(signed_server, sid)
+    outcome = await stream_outcome(signed_server, sid, token, **{"X-Twilio-Signature": forged})
+    assert outcome == "handshake 403"
+    signed = twilio_signature(TOKEN, url, {})
+    outcome = await stream_outcome(signed_server, sid, token, **{"X-Twilio-Signature": signed})
+    assert outcome == "admitted"
+
+
+async def test_a_reused_or_malformed_call_sid_is_refused(signed_server: Server) -> None:
+    sid = "CA" + "4" * 32
+    assert await stream_outcome(signed_server, sid, webhook_token(signed_server, sid)) == (
+        "admitted"
+    )
+    again = webhook_token(signed_server, sid)  # Twilio would never send an ended call's SID
+    assert await stream_outcome(signed_server, sid, again) == "closed 1008"
+    forged_log_line = "CA1\nINFO forged"
+    assert await stream_outcome(signed_server, forged_log_line, None) == "closed 1008"
+    assert not [line for line in signed_server.log if line.startswith("INFO forged")]
+    assert any("stream for call 'CA1\\nINFO forged' refused" in line for line in signed_server.log)
 
 
 @pytest.mark.parametrize("signature", [None, "", "bm90IHRoZSBzaWduYXR1cmU=", "x" * 500])
@@ -70,9 +159,11 @@ def test_a_signature_for_other_parameters_is_refused(signed_server: Server) -> N
 
 async def test_at_capacity_the_webhook_rejects_the_call_politely(signed_server: Server) -> None:
     url = signed_server.url.replace("http://", "ws://") + "/twilio/stream"
+    sid = "CAfedcba9876543210fedcba9876543210"
+    token = webhook_token(signed_server, sid)
     async with websockets.connect(url) as phone:  # takes the server's only line
         await phone.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
-        await phone.send(json.dumps(start_message()))
+        await phone.send(json.dumps(start_message(sid, token)))
         async with httpx.AsyncClient(base_url=signed_server.url, timeout=10) as http:
             for _ in range(100):  # bounded wait for the server to admit the call
                 if (await http.get("/healthz")).json()["active_calls"] == 1:
@@ -84,12 +175,11 @@ async def test_at_capacity_the_webhook_rejects_the_call_politely(signed_server: 
             )
     assert response.status_code == 200
     root = ET.fromstring(response.text)
-    assert root.find("./Connect") is None
-    assert root.find("./Say") is not None or root.find("./Reject") is not None
-    assert root.find("./Hangup") is not None or root.find("./Reject") is not None
+    assert [child.tag for child in root] == ["Say", "Hangup"]
 
 
-def start_message() -> dict[str, object]:
+def start_message(call_sid: str, token: str | None) -> dict[str, object]:
+    parameters = {"from": FORM["From"], "to": FORM["To"]}
     return {
         "event": "start",
         "sequenceNumber": "1",
@@ -97,9 +187,9 @@ def start_message() -> dict[str, object]:
         "start": {
             "accountSid": FORM["AccountSid"],
             "streamSid": "MZ0123456789abcdef0123456789abcdef",
-            "callSid": "CAfedcba9876543210fedcba9876543210",
+            "callSid": call_sid,
             "tracks": ["inbound"],
-            "customParameters": {"from": FORM["From"], "to": FORM["To"]},
+            "customParameters": parameters if token is None else {**parameters, "token": token},
             "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1},
         },
     }

@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
@@ -20,6 +21,11 @@ from voice.sessions import Sessions
 log = logging.getLogger(__name__)
 
 calls_api = APIRouter()
+MAX_SAY_CHARS = 2000  # about two minutes of speech: an announcement, not an audiobook
+
+MAX_JSON_DEPTH = 64  # far beyond any body we accept, far below the parser's recursion limit
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -28,17 +34,43 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-async def read_json_body(request: Request, limit: int) -> dict[str, Any] | JSONResponse:
-    """The request body as a JSON object, or the error response to send instead."""
-    body = b""
+async def read_body(request: Request, limit: int) -> bytes | JSONResponse:
+    """The request body, read as a stream and never past `limit` bytes, or the 413 to send
+    instead (at once when Content-Length already says it is too large)."""
+    declared = request.headers.get("content-length", "")  # the server has checked its syntax
+    if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        return error(413, f"body larger than {limit} bytes")
+    body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
             return error(413, f"body larger than {limit} bytes")
+    return bytes(body)
+
+
+def json_depth(body: bytes) -> int:
+    """How deeply `body`'s arrays and objects nest (brackets inside strings do not count)."""
+    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    depth = deepest = 0
+    for byte in brackets:
+        depth += 1 if byte in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+async def read_json_body(request: Request, limit: int) -> dict[str, Any] | JSONResponse:
+    """The request body as a JSON object, or the error response to send instead."""
+    body = await read_body(request, limit)
+    if isinstance(body, JSONResponse):
+        return body
+    if json_depth(body) > MAX_JSON_DEPTH:
+        return error(400, f"body nests JSON deeper than {MAX_JSON_DEPTH} levels")
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return error(400, "body is not valid JSON")
+    except RecursionError:  # a nesting the depth count missed must not become a 500
+        return error(400, "body nests JSON too deeply")
     if not isinstance(data, dict):
         return error(400, "body must be a JSON object")
     return data
@@ -172,4 +204,6 @@ async def say(call_id: str, request: Request) -> JSONResponse:
     text = data.get("text")
     if not isinstance(text, str) or not text.strip():
         return error(400, "field 'text' must be a non-empty string")
+    if len(text) > MAX_SAY_CHARS:
+        return error(413, f"field 'text' is longer than {MAX_SAY_CHARS} characters")
     return await _control(request, call_id, "say", {"text": text.strip()})

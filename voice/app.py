@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
 import resource
@@ -17,6 +18,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.requests import HTTPConnection
 
 from pipeline.controller import Controller
 from pipeline.routing import TierRouter
@@ -24,16 +26,24 @@ from pipeline.simulator import running_simulator
 from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
 from voice import metrics
-from voice.api import authorized, calls_api, error, read_json_body, unauthorized
-from voice.calls import CallsFull, Switchboard
+from voice.api import authorized, calls_api, error, read_body, read_json_body, unauthorized
+from voice.calls import CallsFull, Switchboard, valid_call_id
 from voice.experiments import load_experiment
 from voice.experiments_api import experiments_api
-from voice.session_records import WorkerInfo
+from voice.session_records import SessionsUnavailable, WorkerInfo
 from voice.sessions import Sessions
 from voice.settings import Settings
+from voice.stream_tokens import InvalidToken, StreamTokens
 from voice.telephony import BadMessages, PhoneStream, ProtocolFactory, pump, wait_for_start
 from voice.telnyx import TelnyxProtocol
-from voice.twilio import TwilioProtocol, reject_twiml, signature_is_valid, stream_twiml
+from voice.twilio import (
+    STREAM_TOKEN_PARAMETER,
+    Start,
+    TwilioProtocol,
+    reject_twiml,
+    signature_is_valid,
+    stream_twiml,
+)
 from voice.vonage import VonageProtocol
 from voice.webrtc import WebRTCCall, restrict_ice_host_addresses, shorten_jitter_buffer
 
@@ -58,7 +68,7 @@ async def drain_then_exit(app: FastAPI) -> None:
         request_exit()
 
 
-def public_url(request: Request, settings: Settings) -> str:
+def public_url(request: HTTPConnection, settings: Settings) -> str:
     """The URL of this request as the provider called it (for signatures and links)."""
     base = settings.telephony.public_url
     if base is None:
@@ -77,32 +87,115 @@ async def answer_phone_stream(
     websocket: WebSocket, board: Switchboard, protocol_factory: ProtocolFactory, route: str
 ) -> None:
     """One provider media websocket, from its start message to hang-up."""
+    forged = _forged_handshake(websocket, board.settings)
+    if forged is not None:
+        log.warning("%s: handshake refused: %s", route, forged)
+        await websocket.close(1008, "forged handshake")  # before accept: HTTP 403
+        return
     await websocket.accept()
     protocol = protocol_factory()
     bad = BadMessages(route)
     start = await wait_for_start(websocket, protocol, bad)
     if start is None:
         return
-    try:
-        call_id = await board.admit(
-            protocol.name, start.call_id or None, caller=start.caller, callee=start.callee
-        )
-    except CallsFull as full:
-        log.warning("%s: call %s refused: %s", route, start.call_id, full)
-        await websocket.close(1013, "at capacity")
+    call_id = await _admit_stream(websocket, board, protocol.name, start, route)
+    if call_id is None:
         return
-    stream = PhoneStream(
-        call_id, websocket, protocol, start, lead_s=board.settings.telephony.lead_ms / 1e3
-    )
+    telephony = board.settings.telephony
+    stream = PhoneStream(call_id, websocket, protocol, start, lead_s=telephony.lead_ms / 1e3)
     call = board.start(call_id, stream, protocol.name, caller=start.caller, callee=start.callee)
-    await pump(stream, bad)
+    await pump(stream, bad, idle_timeout_s=telephony.media_idle_timeout_s)
     if call.task is not None:
         await call.task
+
+
+def _forged_handshake(websocket: WebSocket, settings: Settings) -> str | None:
+    """Why a Twilio-signed handshake is not Twilio's (None if unsigned or valid). Twilio signs
+    the stream URL, without parameters, as it signs a webhook; an unsigned one still needs its
+    stream token."""
+    signature = websocket.headers.get("x-twilio-signature")
+    auth_token = settings.telephony.twilio_auth_token
+    if signature is None or auth_token is None:
+        return None
+    url = public_url(websocket, settings).split("?")[0]
+    secure = url.replace("https://", "wss://").replace("http://", "ws://")
+    forms = {secure, secure.replace("wss://", "https://").replace("ws://", "http://")}
+    secret = auth_token.get_secret_value()
+    if any(signature_is_valid(secret, form, {}, signature) for form in forms):
+        return None
+    return f"X-Twilio-Signature does not match {secure}"
+
+
+async def _admit_stream(
+    websocket: WebSocket, board: Switchboard, provider: str, start: Start, route: str
+) -> str | None:
+    """The call id of an admitted stream; None once a refused one is closed (and logged)."""
+    refusal = await _token_refusal(websocket, board, provider, start)
+    if refusal is not None:
+        metrics.REFUSED.labels(transport=provider, reason="unauthenticated").inc()
+        log.warning("%s: stream for call %r refused: %s", route, start.call_id, refusal)
+        await websocket.close(1008, "stream not authorised")
+        return None
+    try:
+        return await board.admit(
+            provider, start.call_id or None, caller=start.caller, callee=start.callee
+        )
+    except CallsFull as refused:
+        log.warning("%s: call %r refused: %s", route, start.call_id, refused)
+        busy = refused.reason not in ("duplicate", "bad_call_id")
+        await websocket.close(1013 if busy else 1008, refused.reason)
+        return None
+
+
+async def _token_refusal(
+    websocket: WebSocket, board: Switchboard, provider: str, start: Start
+) -> str | None:
+    """Why this stream's token does not admit it; None when it does (or none is needed)."""
+    tokens: StreamTokens | None = websocket.app.state.stream_tokens
+    if tokens is None:
+        return None
+    token = start.parameters.get(STREAM_TOKEN_PARAMETER) or websocket.query_params.get("token")
+    try:
+        grant = tokens.check(token, provider, start.call_id)
+        if not await board.sessions.claim("stream-token", grant.nonce, tokens.ttl_s):
+            return "stream token already used"
+    except InvalidToken as exc:
+        return str(exc)
+    except SessionsUnavailable:
+        return "the call registry is unavailable to check the stream token"
+    return None
+
+
+def _warn_if_exposed(settings: Settings) -> None:
+    """Say loudly when a worker listens beyond this machine with nothing to keep callers out."""
+    try:
+        loopback = ipaddress.ip_address(settings.host).is_loopback
+    except ValueError:
+        loopback = settings.host == "localhost"
+    if loopback:
+        return
+    if settings.api_token is None:
+        log.warning(
+            "SECURITY: listening on %s with no HOTLINE_API_TOKEN: anyone who reaches this port "
+            "can place WebRTC calls and read, hang up or speak into every call",
+            settings.host,
+        )
+    if settings.stream_secret() is None:
+        log.warning(
+            "SECURITY: listening on %s with no stream secret: anyone can place phone calls "
+            "through /twilio/stream, /telnyx/stream and /vonage/stream (set "
+            "HOTLINE_TELEPHONY__TWILIO_AUTH_TOKEN or HOTLINE_TELEPHONY__STREAM_SECRET)",
+            settings.host,
+        )
 
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
+    secret = settings.stream_secret()
+    ttl_s = settings.telephony.stream_token_ttl_s
+    app.state.stream_tokens = StreamTokens(secret, ttl_s) if secret is not None else None
+    _warn_if_exposed(settings)
     if settings.webrtc.ice_host_addresses:
         restrict_ice_host_addresses(settings.webrtc.ice_host_addresses)
     stt = SpeechToText.shared(settings.stt)
@@ -228,7 +321,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for server in settings.webrtc.ice_servers
         ]
         pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
-        transport = WebRTCCall(call_id, pc, settings.webrtc.connect_timeout_s)
+        webrtc = settings.webrtc
+        transport = WebRTCCall(
+            call_id, pc, webrtc.connect_timeout_s, idle_timeout_s=webrtc.media_idle_timeout_s
+        )
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
             if not any(t.kind == "audio" for t in pc.getTransceivers()):
@@ -247,9 +343,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def twilio_voice(request: Request) -> Response:
         """Twilio's voice webhook: connect the call's audio to our media stream."""
         settings: Settings = request.app.state.settings
-        body = await request.body()
-        if len(body) > settings.max_body_bytes:
-            return error(413, f"body larger than {settings.max_body_bytes} bytes")
+        body = await read_body(request, settings.max_body_bytes)
+        if isinstance(body, JSONResponse):
+            return body
         params = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
         token = settings.telephony.twilio_auth_token
         if token is not None:
@@ -261,7 +357,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         board = switchboard(request)
         if board.full or board.draining:
             metrics.REFUSED.labels(transport="twilio", reason="webhook").inc()
-            log.warning("twilio webhook: no line free, call %s rejected", params.get("CallSid"))
+            log.warning("twilio webhook: no line free, call %r rejected", params.get("CallSid"))
             return xml(reject_twiml(settings.telephony.busy_message))
         stream_url = public_url(request, settings).split("?")[0].rsplit("/twilio/", 1)[0]
         stream_url = stream_url.replace("https://", "wss://").replace("http://", "ws://")
@@ -270,7 +366,39 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             for key, name in (("from", "From"), ("to", "To"), ("call_sid", "CallSid"))
             if params.get(name)
         }
+        tokens: StreamTokens | None = request.app.state.stream_tokens
+        if tokens is not None:
+            if token is None:  # an unsigned webhook must not hand out tokens to anyone
+                log.warning("twilio webhook: refused, HOTLINE_TELEPHONY__TWILIO_AUTH_TOKEN unset")
+                return xml("<Response/>", 403)
+            call_sid = params.get("CallSid", "")
+            if not valid_call_id(call_sid):
+                return error(400, "the webhook has no valid CallSid")
+            parameters[STREAM_TOKEN_PARAMETER] = tokens.issue("twilio", call_sid)
         return xml(stream_twiml(f"{stream_url}/twilio/stream", parameters))
+
+    @app.post("/phone/stream-token")
+    async def stream_token(request: Request) -> JSONResponse:
+        """A single-use token (and the stream URL carrying it) for one provider call's media
+        stream: what a Telnyx or Vonage call-control app puts in the stream URL it answers with."""
+        if not authorized(request):
+            return unauthorized()
+        tokens: StreamTokens | None = request.app.state.stream_tokens
+        if tokens is None:
+            return error(409, "stream tokens are off: no secret is configured")
+        data = await read_json_body(request, request.app.state.settings.max_body_bytes)
+        if isinstance(data, JSONResponse):
+            return data
+        provider, call_id = data.get("provider"), data.get("call_id")
+        if provider not in ("twilio", "telnyx", "vonage"):
+            return error(400, "field 'provider' must be 'twilio', 'telnyx' or 'vonage'")
+        if not isinstance(call_id, str) or not valid_call_id(call_id):
+            return error(400, "field 'call_id' must be the provider's call id")
+        token = tokens.issue(provider, call_id)
+        base = public_url(request, request.app.state.settings).rsplit("/phone/", 1)[0]
+        base = base.replace("https://", "wss://").replace("http://", "ws://")
+        url = f"{base}/{provider}/stream?token={token}"
+        return JSONResponse({"token": token, "stream_url": url, "ttl_s": tokens.ttl_s})
 
     @app.websocket("/twilio/stream")
     async def twilio_stream(websocket: WebSocket) -> None:

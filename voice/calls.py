@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.conversation import Conversation, SpeechRecognizer, SpeechSynthesizer
+from pipeline.llm import ChatMessage
 from pipeline.records import TurnRecord
 from pipeline.routing import Policy, TierRouter
 from pipeline.transport import Transport
@@ -24,7 +26,54 @@ from voice.settings import Settings
 
 log = logging.getLogger(__name__)
 
-_FINISHED_KEPT = 200  # finished calls kept in memory for GET /calls/{id}
+_FINISHED_KEPT = 200  # finished calls' records kept in memory for GET /calls/{id}
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """A call as the calls API shows it: summary fields, turn records and the history the caller
+    heard. Of an ended call the switchboard keeps only this, never its conversation (transport,
+    audio buffers, resamplers, LLM streams), which would cost memory for every call kept."""
+
+    call_id: str
+    transport: str
+    caller: str | None
+    callee: str | None
+    started_at: float
+    ended_at: float | None
+    wants_human: bool
+    experiment: str | None
+    arm: str | None
+    end_reason: str | None
+    records: tuple[TurnRecord, ...]
+    history: tuple[ChatMessage, ...]
+
+    @property
+    def state(self) -> str:
+        return "ended" if self.ended_at is not None else "active"
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "call_id": self.call_id,
+            "transport": self.transport,
+            "caller": self.caller,
+            "callee": self.callee,
+            "state": self.state,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "turns": len(self.records),
+            "wants_human": self.wants_human,
+            "experiment": self.experiment,
+            "arm": self.arm,
+            "end_reason": self.end_reason,
+        }
+
+    def detail(self) -> dict[str, object]:
+        return {
+            **self.summary(),
+            "records": [record.to_dict() for record in self.records],
+            "history": [{"role": m.role, "content": m.content} for m in self.history],
+        }
 
 
 @dataclass
@@ -47,31 +96,46 @@ class Call:
     def state(self) -> str:
         return "ended" if self.ended_at is not None else "active"
 
+    def record(self) -> CallRecord:
+        """The call as it stands now; later turns do not change the copy."""
+        conversation = self.conversation
+        return CallRecord(
+            self.call_id,
+            self.transport,
+            self.caller,
+            self.callee,
+            self.started_at,
+            self.ended_at,
+            self.wants_human,
+            self.experiment,
+            self.arm,
+            conversation.end_reason,
+            tuple(conversation.records),
+            tuple(conversation.history),
+        )
+
     def summary(self) -> dict[str, object]:
-        return {
-            "call_id": self.call_id,
-            "transport": self.transport,
-            "caller": self.caller,
-            "callee": self.callee,
-            "state": self.state,
-            "started_at": self.started_at,
-            "ended_at": self.ended_at,
-            "turns": len(self.conversation.records),
-            "wants_human": self.wants_human,
-            "experiment": self.experiment,
-            "arm": self.arm,
-        }
+        return self.record().summary()
 
     def detail(self) -> dict[str, object]:
-        return {
-            **self.summary(),
-            "records": [record.to_dict() for record in self.conversation.records],
-            "history": [{"role": m.role, "content": m.content} for m in self.conversation.history],
-        }
+        return self.record().detail()
 
 
 class CallsFull(Exception):
-    """The process is at its concurrent-call limit."""
+    """The call may not start: `reason` is capacity, draining, duplicate, or what Redis said."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"call refused: {reason}")
+        self.reason = reason
+
+
+# A provider's call id (Twilio CallSid, Telnyx call_control_id, Vonage uuid) becomes ours: it
+# goes into logs, Redis keys and URLs, so only plain characters are accepted.
+_CALL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def valid_call_id(call_id: str) -> bool:
+    return _CALL_ID.fullmatch(call_id) is not None
 
 
 class Switchboard:
@@ -97,7 +161,7 @@ class Switchboard:
         # admitted calls' experiment and arm (or None), until they start
         self._arms: dict[str, tuple[str | None, str | None, Policy]] = {}
         self.active: dict[str, Call] = {}
-        self.finished: OrderedDict[str, Call] = OrderedDict()
+        self.finished: OrderedDict[str, CallRecord] = OrderedDict()  # oldest first
         self._background: set[asyncio.Task[object]] = set()
         self.draining = False
         self._idle = asyncio.Event()
@@ -118,9 +182,11 @@ class Switchboard:
         """Admit a call (this worker's limit and the cluster's, atomically in Redis) and return
         its id; CallsFull with the reason if it may not start. Call `start` or `release` next."""
         reason = "draining" if self.draining else "capacity" if self.full else None
-        call_id = uuid.uuid4().hex
-        if preferred and preferred not in self.active and preferred not in self.finished:
-            call_id = preferred
+        if preferred and not valid_call_id(preferred):
+            reason = "bad_call_id"
+        call_id = preferred or uuid.uuid4().hex
+        if reason is None and (call_id in self.active or call_id in self.finished):
+            reason = "duplicate"
         if reason is None:
             experiment = await self.experiments.running()
             arm = experiment.assign(call_id) if experiment else None
@@ -134,7 +200,7 @@ class Switchboard:
         if reason is not None:
             self._arms.pop(call_id, None)
             metrics.REFUSED.labels(transport=transport, reason=reason).inc()
-            raise CallsFull(f"call refused: {reason}")
+            raise CallsFull(reason)
         return call_id
 
     def release(self, call_id: str) -> None:
@@ -142,7 +208,8 @@ class Switchboard:
         self._arms.pop(call_id, None)
         self.sessions.end_call(call_id, "failed")
 
-    def get(self, call_id: str) -> Call | None:
+    def get(self, call_id: str) -> Call | CallRecord | None:
+        """A call in progress here, or the record of one that ended here (of the last few)."""
         return self.active.get(call_id) or self.finished.get(call_id)
 
     def start(
@@ -155,7 +222,6 @@ class Switchboard:
         callee: str | None = None,
     ) -> Call:
         """Run a conversation over `transport` until the call ends."""
-        calls: list[Call] = []
         experiment, arm, policy = self._arms.pop(call_id, (None, None, self.settings.policy))
         conversation = Conversation(
             call_id,
@@ -167,12 +233,11 @@ class Switchboard:
             turn_settings=self.settings.turns,
             sentence_settings=self.settings.sentences,
             on_turn=lambda record: self._on_turn(call_id, record),
-            on_key=lambda digit: self._on_key(calls[0], digit),
+            on_key=lambda digit: self._on_key(call_id, digit),
             on_event=lambda event: self._on_event(call_id, event),
         )
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
         call.experiment, call.arm = experiment, arm
-        calls.append(call)
         self.active[call.call_id] = call
         self._idle.clear()
         metrics.ADMITTED.labels(transport=kind).inc()
@@ -190,19 +255,20 @@ class Switchboard:
         finally:
             await transport.close()
             call.ended_at = time.time()
-            self.sessions.end_call(call.call_id)
+            self.sessions.end_call(call.call_id, reason=call.conversation.end_reason)
             self.active.pop(call.call_id, None)
             metrics.ACTIVE_CALLS.set(len(self.active))
             if not self.active:
                 self._idle.set()
-            self.finished[call.call_id] = call
+            self.finished[call.call_id] = call.record()  # not the conversation: see CallRecord
             while len(self.finished) > _FINISHED_KEPT:
                 self.finished.popitem(last=False)
             log.info("call %s: ended, %d active", call.call_id, len(self.active))
 
-    def _on_key(self, call: Call, digit: str) -> bool:
+    def _on_key(self, call_id: str, digit: str) -> bool:
         """Keys the switchboard handles itself; the rest go to the conversation."""
-        if digit != self.settings.telephony.human_digit:
+        call = self.active.get(call_id)
+        if call is None or digit != self.settings.telephony.human_digit:
             return False
         call.wants_human = True
         log.info("call %s: caller asked for a person", call.call_id)
@@ -211,6 +277,8 @@ class Switchboard:
         return True
 
     def _on_event(self, call_id: str, event: dict[str, object]) -> None:
+        if event.get("type") == "speculation_discarded":
+            metrics.SPECULATIONS.inc()
         if event.get("type") != "turn":  # append_turn publishes the turn along with storing it
             self.sessions.publish(call_id, event)
 

@@ -1,4 +1,4 @@
-"""`hotline serve | call | llm-sim | bench | wer | experiments`."""
+"""`hotline serve | call | llm-sim | bench | soak | wer | experiments`."""
 
 from __future__ import annotations
 
@@ -21,11 +21,24 @@ from rich.table import Table
 
 from voice.bench import bench_command
 from voice.experiments_cli import experiments_app
+from voice.soak import soak_command
 
 app = typer.Typer(
     help="Hotline: self-hosted real-time voice AI telephony server.", no_args_is_help=True
 )
 console = Console()
+
+
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), 127)}
+
+
+class OneLineFormatter(logging.Formatter):
+    """Each record's message on one line: control characters a caller sent (a call id with a
+    newline, a URL with %0A) are escaped, so nobody can forge a log line. Tracebacks, added
+    after the message, keep their lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return super().formatMessage(record).translate(_CONTROL)
 
 
 def _logging(level: str) -> None:
@@ -37,7 +50,8 @@ def _logging(level: str) -> None:
     else:
         handler = logging.StreamHandler()
         fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=level.upper(), format=fmt, handlers=[handler])
+    handler.setFormatter(OneLineFormatter(fmt))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 class DrainingServer(uvicorn.Server):
@@ -214,6 +228,7 @@ def llm_sim(
 
 
 app.command("bench")(bench_command)
+app.command("soak")(soak_command)
 app.add_typer(experiments_app, name="experiments")
 
 

@@ -12,6 +12,11 @@ ADMITTED = Counter("hotline_calls_admitted_total", "Calls admitted.", ["transpor
 REFUSED = Counter("hotline_calls_refused_total", "Calls refused.", ["transport", "reason"])
 TURNS = Counter("hotline_turns_total", "Finished turns, by effort and tier.", ["effort", "tier"])
 INTERRUPTED = Counter("hotline_turns_interrupted_total", "Turns the caller talked over.")
+SPECULATIONS = Counter(
+    "hotline_speculative_replies_discarded_total",
+    "Replies begun at a caller's pause and thrown away when the caller spoke on (LLM requests "
+    "paid for, never heard).",
+)
 DECISIONS = Counter(
     "hotline_turn_decisions_total",
     "How each turn's LLM request went: planned, fallback, hedge, failed (or none: cut off).",

@@ -438,6 +438,7 @@ async def place_twilio_call(
     quiet_s: float = 0.8,
     parameters: Mapping[str, str] | None = None,
     auth_token: str | None = None,
+    call_sid: str | None = None,
 ) -> PhoneCallResult:
     """Call Hotline the way Twilio would and speak `utterances` (16 kHz), one turn each.
 
@@ -446,18 +447,22 @@ async def place_twilio_call(
     which case the incoming-call webhook is asked first (signed with `auth_token` if given) and
     the stream and parameters come from its TwiML, exactly as with Twilio. Turn-taking and
     `barge_in_after_ms` work as in `voice.caller.place_call`; `dtmf` keys are pressed after the
-    first reply. Ends with `stop` and closes the socket.
+    first reply. With `auth_token`, the stream's handshake is signed too, as Twilio signs it.
+    Ends with `stop` and closes the socket.
     """
     custom = {CALLER_PARAMETER: DEFAULT_CALLER, CALLEE_PARAMETER: DEFAULT_CALLEE}
     custom.update(parameters or {})
-    call_sid, account_sid = twilio_sid("CA"), twilio_sid("AC")
+    call_sid, account_sid = call_sid or twilio_sid("CA"), twilio_sid("AC")
     if stream_url.startswith(("http://", "https://")):
         answer = await answer_webhook(stream_url, call_sid, account_sid, custom, auth_token)
         if isinstance(answer, str):
             return PhoneCallResult(call_sid, [], np.zeros(0, dtype=np.int16), rejected=answer)
         stream_url, custom = answer
     turns: list[CallerTurn] = []
-    async with connect(stream_url, compression=None, open_timeout=10) as socket:
+    signed = {SIGNATURE_HEADER: twilio_signature(auth_token, stream_url, {})} if auth_token else {}
+    async with connect(
+        stream_url, compression=None, open_timeout=10, additional_headers=signed
+    ) as socket:
         phone = TwilioPhone(socket, call_sid, account_sid, custom)
         await phone.open()
         clock = asyncio.create_task(phone.run())

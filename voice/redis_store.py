@@ -73,6 +73,11 @@ def call_keys(prefix: str, call_id: str) -> list[str]:
     return [f"{prefix}:call:{{{call_id}}}:{k}" for k in ("record", "turns", "events")]
 
 
+def claim_key(prefix: str, kind: str, name: str) -> str:
+    """A name taken once across the cluster: a call id, a stream token's nonce."""
+    return f"{prefix}:claim:{kind}:{{{name}}}"
+
+
 def experiment_keys(prefix: str, name: str) -> tuple[str, str]:
     """An experiment's config (JSON) and its calls (sorted set of call ids by start time)."""
     return f"{prefix}:experiment:{{{name}}}:config", f"{prefix}:experiment:{{{name}}}:calls"

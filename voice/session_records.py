@@ -52,6 +52,7 @@ class CallInfo:
     ended_at: float | None = None
     experiment: str | None = None  # the experiment the call is in, if any
     arm: str | None = None  # its arm
+    end_reason: str | None = None  # why it ended (caller hung up, no audio for 10 s, ...)
 
 
 @dataclass(frozen=True)

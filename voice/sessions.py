@@ -33,6 +33,7 @@ from voice.redis_store import (
     Op,
     active_key,
     call_keys,
+    claim_key,
     connect,
     control_list,
     decode,
@@ -176,6 +177,12 @@ class Sessions:
             return Admission(False, "duplicate")
         if len(self._calls) >= self.worker.capacity:
             return Admission(False, "worker_full")
+        try:  # a call id is never reused: a finished call's record must not be overwritten
+            if not await self.claim("call", call.call_id, self.settings.retention_s):
+                return Admission(False, "duplicate")
+        except SessionsUnavailable:
+            if not self.settings.fail_open:
+                return Admission(False, "redis_unavailable")
         call.worker_id = worker_id = self.worker.worker_id
         limit = -1 if self.settings.cluster_limit is None else self.settings.cluster_limit
         for attempt in (1, 2):
@@ -202,6 +209,17 @@ class Sessions:
         self._enqueue(Op("record", call, event_json("state", state=call.state)))
         return Admission(True, "ok")
 
+    async def claim(self, kind: str, name: str, ttl_s: float) -> bool:
+        """Take `name` once across the cluster for `ttl_s`; False if it was taken before."""
+        try:
+            key = claim_key(self._prefix, kind, name)
+            taken = await self.redis.set(key, self.worker.worker_id, nx=True, ex=int(ttl_s) or 1)
+        except DOWN as exc:
+            self._down(exc)
+            raise SessionsUnavailable(str(exc)) from exc
+        self._up()
+        return bool(taken)
+
     def update_call(self, call_id: str, **fields: Any) -> None:
         """Change fields of an active call of this worker (a `state` change is also an event)."""
         call = self._calls.get(call_id)
@@ -212,13 +230,13 @@ class Sessions:
         event = event_json("state", state=call.state) if "state" in fields else ""
         self._enqueue(Op("record", call, event))
 
-    def end_call(self, call_id: str, state: str = "ended") -> None:
+    def end_call(self, call_id: str, state: str = "ended", reason: str | None = None) -> None:
         """The call is over: out of the active set, final record, retention on its keys."""
         call = self._calls.pop(call_id, None)
         if call is None:
             return
         self._turn_ms.pop(call_id, None)  # a late turn still gets a later id: the clock's
-        call.state, call.ended_at = state, time.time()
+        call.state, call.ended_at, call.end_reason = state, time.time(), reason
         self._enqueue(Op("end", call, event_json("state", state=state)))
 
     def append_turn(self, call_id: str, record: dict[str, Any]) -> None:

@@ -40,6 +40,9 @@ class WebRTCSettings(BaseModel):
     ice_servers: list[str | IceServer] = Field(default_factory=list)
     # A caller whose media has not connected this long after the offer is hung up.
     connect_timeout_s: float = 20.0
+    # A caller whose audio stops this long is hung up (a browser that vanished without a word:
+    # RTP comes every 20 ms, silence included, while a caller is there).
+    media_idle_timeout_s: float = 10.0
 
 
 class TelephonySettings(BaseModel):
@@ -50,6 +53,14 @@ class TelephonySettings(BaseModel):
     # The server's public base URL as the provider sees it (e.g. https://voice.example.com),
     # used for signatures and the stream URL; by default taken from the request's headers.
     public_url: str | None = None
+    # Key of the media streams' admission tokens (voice/stream_tokens.py); shared by every
+    # worker. Unset: derived from the API token, else from the Twilio auth token; with none of
+    # the three, streams need no token (local development only: anyone may place calls).
+    stream_secret: SecretStr | None = None
+    stream_token_ttl_s: float = 60.0  # the provider connects the stream at once
+    # A stream that sends no audio this long is hung up (providers send 20 ms frames without
+    # pause, silence included): a silent or vanished client must not hold a line.
+    media_idle_timeout_s: float = 10.0
     # Reply audio sent ahead of the phone's playback; a `clear` silences at most this much.
     lead_ms: int = 200
     # Digit that asks for a person instead of the bot ("" to let the LLM handle every key).
@@ -99,6 +110,14 @@ class Settings(BaseSettings):
     # Redis shared by every worker (HOTLINE_REDIS_URL); unset: an in-process store, one worker.
     redis_url: str | None = None
     sessions: SessionSettings = Field(default_factory=SessionSettings)
+
+    def stream_secret(self) -> bytes | None:
+        """The key of stream tokens: its own setting, else the API token, else Twilio's."""
+        for secret in (self.telephony.stream_secret, self.api_token):
+            if secret is not None:
+                return secret.get_secret_value().encode()
+        token = self.telephony.twilio_auth_token
+        return None if token is None else token.get_secret_value().encode()
 
     def session_settings(self) -> SessionSettings:
         """The sessions settings, with HOTLINE_REDIS_URL applied."""

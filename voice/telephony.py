@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 _FRAME_S = 0.02
 _MAX_BAD_MESSAGES = 200  # a socket that sends more unusable messages than this is closed
+# A send that cannot complete this long means the client stopped reading (its buffers are
+# full): it is hung up rather than left to hold the line and the reply's memory.
+SEND_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -79,12 +82,14 @@ class PhoneStream:
         protocol: WireProtocol,
         start: Start,
         lead_s: float = 0.2,
+        send_timeout_s: float = SEND_TIMEOUT_S,
     ) -> None:
         self.call_id = call_id
         self.websocket = websocket
         self.protocol = protocol
         self.start = start
         self.lead_s = lead_s
+        self.send_timeout_s = send_timeout_s
         self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
         self._to_pipeline = StreamResampler(protocol.wire_rate, SAMPLE_RATE)
         self._to_wire = StreamResampler(SAMPLE_RATE, protocol.wire_rate)
@@ -104,6 +109,7 @@ class PhoneStream:
         self._sent_waiters: list[tuple[int, asyncio.Future[float]]] = []
         self._played_waiters: list[tuple[int, asyncio.Future[float]]] = []
         self._closed = False
+        self.last_audio_at = time.monotonic()  # when caller audio last came in
         self._sender = asyncio.create_task(self._send_loop(), name=f"send-{call_id}")
 
     # -- inbound (driven by `pump`) -----------------------------------------------------------
@@ -112,6 +118,7 @@ class PhoneStream:
         """Hand parsed wire events to the conversation."""
         for event in events:
             if isinstance(event, Media):
+                self.last_audio_at = time.monotonic()
                 pcm = self._to_pipeline(event.pcm)
                 if pcm.size:
                     self._inbound.put_nowait(AudioIn(pcm, time.monotonic()))
@@ -222,7 +229,7 @@ class PhoneStream:
                     message = self.protocol.mark(item.name)
                     if message is not None:
                         self._pending_marks[item.name] = item.position
-                        await _send(self.websocket, message)
+                        await self._send(message)
                     continue
                 now = time.monotonic()
                 if now > self._burst_start + self._burst_frames * _FRAME_S:
@@ -232,15 +239,23 @@ class PhoneStream:
                     await asyncio.sleep(due - now)
                     continue  # the outbox may have been cleared meanwhile
                 self._outbox.popleft()
-                await _send(self.websocket, self.protocol.media(item.pcm))
+                await self._send(self.protocol.media(item.pcm))
                 plays_at = self._burst_start + self._burst_frames * _FRAME_S
                 self._burst_frames += 1
                 self._sent = item.end
                 self._slots.append((plays_at + _FRAME_S, item.end))
                 self._resolve(self._sent_waiters, self._sent)
+        except TimeoutError:
+            stalled = self.send_timeout_s
+            log.warning("call %s: the client stopped reading for %.0f s", self.call_id, stalled)
+            self.hang_up("client stopped reading")
         except (WebSocketDisconnect, RuntimeError) as exc:
             log.info("call %s: stopped sending (%s)", self.call_id, exc)
             self.hang_up("socket closed")
+
+    async def _send(self, message: str | bytes) -> None:
+        async with asyncio.timeout(self.send_timeout_s):
+            await _send(self.websocket, message)
 
     def _update_slots(self) -> None:
         """Without marks, audio counts as played once its real-time slot has passed."""
@@ -351,11 +366,20 @@ async def wait_for_start(
         return None
 
 
-async def pump(stream: PhoneStream, bad: BadMessages) -> None:
-    """Feed the socket's messages to the stream until it closes."""
+async def pump(stream: PhoneStream, bad: BadMessages, idle_timeout_s: float | None = None) -> None:
+    """Feed the socket's messages to the stream until it closes, or until no caller audio has
+    come for `idle_timeout_s` (a client that answers pings but sends nothing holds no line)."""
     while True:
+        idle_left = None
+        if idle_timeout_s is not None:
+            idle_left = stream.last_audio_at + idle_timeout_s - time.monotonic()
         try:
-            message = await receive(stream.websocket)
+            async with asyncio.timeout(idle_left):
+                message = await receive(stream.websocket)
+        except TimeoutError:
+            log.warning("call %s: no audio for %.0f s, hanging up", stream.call_id, idle_timeout_s)
+            stream.hang_up(f"no audio for {idle_timeout_s:.0f} s")
+            return
         except (WebSocketDisconnect, RuntimeError):
             message = None
         if message is None:

@@ -18,6 +18,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ PCM = npt.NDArray[np.int16]
 CALLER_PARAMETER = "from"  # <Parameter> names `stream_twiml` callers use for the numbers
 CALLEE_PARAMETER = "to"
 SIGNATURE_HEADER = "X-Twilio-Signature"
+STREAM_TOKEN_PARAMETER = "token"  # the `<Parameter>` (or `?token=`) that admits a stream
+_NOT_XML_SAFE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
 
 
 # -- what every phone protocol hands its transport -----------------------------------------
@@ -257,19 +260,27 @@ def _twiml(response: ET.Element) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>' + ET.tostring(response, encoding="unicode")
 
 
+def xml_safe(text: str) -> str:
+    """`text` without control characters (C0 and DEL) and what XML 1.0 cannot carry at all
+    (surrogates, U+FFFE, U+FFFF), so that a hostile webhook parameter keeps TwiML parseable."""
+    return _NOT_XML_SAFE.sub("", text)
+
+
 def stream_twiml(stream_url: str, parameters: Mapping[str, str]) -> str:
     """Answer a call by connecting it to a bidirectional stream, carrying `parameters`."""
     response = ET.Element("Response")
-    stream = ET.SubElement(ET.SubElement(response, "Connect"), "Stream", url=stream_url)
+    url = xml_safe(stream_url)
+    stream = ET.SubElement(ET.SubElement(response, "Connect"), "Stream", url=url)
     for name, value in parameters.items():
-        ET.SubElement(stream, "Parameter", name=name, value=value)
+        ET.SubElement(stream, "Parameter", name=xml_safe(name), value=xml_safe(value))
     return _twiml(response)
 
 
 def reject_twiml(message: str) -> str:
-    """Turn a call away politely: say `message`, then hang up."""
+    """Turn a call away politely: say `message` (whitespace runs made one space), then hang up."""
     response = ET.Element("Response")
-    ET.SubElement(response, "Say").text = message
+    words = (xml_safe(word) for word in message.split())
+    ET.SubElement(response, "Say").text = " ".join(word for word in words if word)
     ET.SubElement(response, "Hangup")
     return _twiml(response)
 

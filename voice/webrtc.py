@@ -188,10 +188,16 @@ class WebRTCCall:
     """A `Transport` over one aiortc peer connection."""
 
     def __init__(
-        self, call_id: str, pc: RTCPeerConnection, connect_timeout_s: float = 20.0
+        self,
+        call_id: str,
+        pc: RTCPeerConnection,
+        connect_timeout_s: float = 20.0,
+        idle_timeout_s: float = 10.0,
     ) -> None:
         self.call_id = call_id
         self.pc = pc
+        self._connect_timeout_s = connect_timeout_s
+        self._idle_timeout_s = idle_timeout_s
         self.outbound = OutboundAudio()
         self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
@@ -241,9 +247,17 @@ class WebRTCCall:
 
     async def _read(self, track: MediaStreamTrack) -> None:
         resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
+        wait_s = self._connect_timeout_s  # for the first packet; then RTP comes every 20 ms
         try:
             while True:
-                frame = await track.recv()
+                try:
+                    async with asyncio.timeout(wait_s):
+                        frame = await track.recv()
+                except TimeoutError:
+                    log.warning("call %s: no audio for %.0f s, hanging up", self.call_id, wait_s)
+                    self._inbound.put_nowait(HangUp(f"no audio for {wait_s:.0f} s"))
+                    return
+                wait_s = self._idle_timeout_s
                 assert isinstance(frame, av.AudioFrame)
                 at = time.monotonic()
                 for out in resampler.resample(frame):

@@ -1,0 +1,109 @@
+"""Speculative replies: begun at the caller's pause, heard only once the turn has ended there.
+
+Timelines as in `tests/test_conversation.py`: real speech through the real turn detector, with
+scripted STT, LLM and TTS; the same call is run with speculation on and off and compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from pipeline.conversation import Conversation, ConversationSettings
+from pipeline.records import TurnRecord
+from pipeline.transport import PCM, HangUp, InboundEvent
+from tests.speech import concat, espeak, silence
+from tests.test_conversation import PhoneLine, ScriptedLLM, ScriptedSTT, ToneTTS, speak
+
+
+class WatchedLine(PhoneLine):
+    """A phone line that notes when the first reply audio was queued."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_play_at: float | None = None
+
+    def play(self, pcm: PCM) -> int:
+        if self.first_play_at is None:
+            self.first_play_at = asyncio.get_running_loop().time()
+        return super().play(pcm)
+
+
+async def one_turn(
+    speech: PCM, stt: ScriptedSTT, llm: ScriptedLLM, speculate: bool
+) -> tuple[Conversation, WatchedLine]:
+    line = WatchedLine()
+    answered = asyncio.Event()
+
+    def on_turn(record: TurnRecord) -> None:
+        answered.set()
+
+    conversation = Conversation(
+        "spec",
+        line,
+        stt=stt,
+        llm=llm,
+        tts=ToneTTS(),
+        settings=ConversationSettings(speculate=speculate),
+        on_turn=on_turn,
+    )
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        async for event in speak(speech):
+            yield event
+        await answered.wait()
+        yield HangUp("done")
+
+    line.script = caller
+    await conversation.run()
+    return conversation, line
+
+
+async def test_a_reply_begun_at_the_pause_is_heard_as_the_turn_ends() -> None:
+    speech = concat(silence(200), espeak("A table for two at seven please"), silence(900))
+    gaps = {}
+    for speculate in (True, False):
+        llm = ScriptedLLM(["Sure. A table for two at seven."])
+        conversation, _ = await one_turn(speech, ScriptedSTT(["table for two"]), llm, speculate)
+        [record] = conversation.records
+        t = record.timings_ms
+        print(f"\nspeculate={speculate}: {t}")
+        assert record.reply_text == "Sure. A table for two at seven."
+        assert record.speculative is speculate and record.speculations_discarded == 0
+        assert t["first_audio"] >= t["endpoint"], "no reply audio before the turn ended"
+        gaps[speculate] = t["first_audio"] - t["endpoint"]
+        if speculate:
+            # The LLM answered while the detector was still waiting out the silence...
+            assert t["stt"] < t["llm_first_token"] < t["tts_first_chunk"] < t["endpoint"]
+    # ...so the held audio went out as the turn ended, instead of the LLM and TTS starting then
+    # (100 ms to first token + synthesis here); compared within this run.
+    assert gaps[True] < gaps[False] / 2, gaps
+
+
+async def test_speaking_on_after_a_pause_discards_the_reply_begun_there() -> None:
+    speech = concat(
+        silence(200), espeak("I would like"), silence(100), espeak("a table for two"), silence(900)
+    )
+    stt = ScriptedSTT(["I would like", "I would like a table for two"])
+    llm = ScriptedLLM(["Never heard, this one.", "A table for two, sure."])
+    conversation, line = await one_turn(speech, stt, llm, speculate=True)
+
+    [record] = conversation.records
+    assert record.caller_text == "I would like a table for two"
+    assert record.reply_text == "A table for two, sure." and record.speculative
+    assert record.speculations_discarded == 1 and conversation.speculations_discarded == 1
+    assert len(llm.streams) == 2 and llm.streams[0].closed  # the first request was cut off
+    assert [m.content for m in conversation.history] == [record.caller_text, record.reply_text]
+    # Nothing of the discarded reply reached the line: it held only the second reply's audio.
+    assert line.queued_samples == line.played_samples
+    words = 5  # "A table for two, sure."
+    assert abs(line.queued_samples - words * 0.25 * 16_000) < 0.05 * 16_000
+
+
+async def test_with_speculation_off_the_llm_is_asked_only_at_the_endpoint() -> None:
+    speech = concat(silence(200), espeak("What time do you open"), silence(900))
+    llm = ScriptedLLM(["We open at nine."])
+    conversation, _ = await one_turn(speech, ScriptedSTT(["what time do you open"]), llm, False)
+    [record] = conversation.records
+    assert not record.speculative
+    assert record.timings_ms["llm_first_token"] > record.timings_ms["endpoint"]

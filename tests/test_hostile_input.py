@@ -1,0 +1,155 @@
+"""What a hostile client sends a real server: bodies too large to hold, control characters in
+Twilio's webhook, JSON nested past the parser's recursion limit. Each gets a clear 4xx, and the
+server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.conftest import Server, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+MAX_BODY = 64 * 1024  # the default `max_body_bytes`
+JSON_ROUTES = [("POST", "/offer"), ("POST", "/calls/x/say"), ("PUT", "/experiments/x")]
+BODY_ROUTES = [("POST", "/twilio/voice"), *JSON_ROUTES]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    running = start_server()
+    yield running
+    stop_server(running)
+
+
+def health(server: Server) -> dict[str, Any]:
+    response = httpx.get(f"{server.url}/healthz", timeout=10)
+    assert response.status_code == 200
+    found: dict[str, Any] = response.json()
+    return found
+
+
+def logged(server: Server, text: str, timeout_s: float = 5) -> bool:
+    """Whether the server's output shows `text` (its lines arrive through a pipe)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(text in line for line in list(server.log)):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def read_response(sock: socket.socket) -> tuple[str, bytes]:
+    """One HTTP/1.1 response with a Content-Length, read off a raw socket: head and body."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = re.search(rb"(?im)^content-length: *(\d+)", head)
+        if length is not None and len(body) >= int(length[1]):
+            break
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.decode("latin-1"), body
+
+
+def form_body(total: int, chunk: int = 256 * 1024) -> Iterator[bytes]:
+    for _ in range(total // chunk):
+        yield b"From=%2B1555" + b"0" * (chunk - 12)
+
+
+def test_a_streamed_oversized_webhook_body_is_refused_without_being_held(server: Server) -> None:
+    """256 MB, because the server's peak RSS from loading its models is ~100 MB above where it
+    settles: a smaller body held in memory might not raise the peak at all."""
+    before = health(server)
+    response = httpx.post(
+        f"{server.url}/twilio/voice",
+        content=form_body(256 * 2**20),  # chunked: no Content-Length to refuse it by
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+        timeout=60,
+    )
+    assert response.status_code == 413
+    assert "error" in response.json()
+    after = health(server)
+    assert after["peak_rss_mb"] - before["peak_rss_mb"] < 32, (before, after)
+    assert after["rss_mb"] - before["rss_mb"] < 32, (before, after)
+
+
+@pytest.mark.parametrize(("method", "path"), BODY_ROUTES)
+def test_a_declared_length_over_the_limit_is_refused_before_the_body_comes(
+    server: Server, method: str, path: str
+) -> None:
+    address = urlsplit(server.url)
+    head = (
+        f"{method} {path} HTTP/1.1\r\nHost: {address.netloc}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {MAX_BODY + 1}\r\n\r\n"
+    )
+    with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+        sock.sendall(head.encode())  # and not one byte of the body
+        head, body = read_response(sock)
+    assert head.startswith("HTTP/1.1 413"), head
+    assert "error" in json.loads(body)
+    assert health(server)["status"] == "ok"
+
+
+def test_control_characters_in_the_webhook_never_break_the_twiml(server: Server) -> None:
+    dirt = "".join(map(chr, range(0x20))) + "\x7f"
+    form = {
+        "From": f"+1555{dirt}0100001",
+        "To": f"{dirt}+15550100002",
+        "CallSid": f"CA0123{dirt}</Stream>",
+    }
+    response = httpx.post(f"{server.url}/twilio/voice", data=form, timeout=10)
+    assert response.status_code == 200
+    stream = ET.fromstring(response.text).find("./Connect/Stream")
+    assert stream is not None
+    parameters = {p.get("name"): p.get("value") for p in stream.findall("Parameter")}
+    assert parameters == {
+        "from": "+15550100001",
+        "to": "+15550100002",
+        "call_sid": "CA0123</Stream>",
+    }
+
+
+@pytest.mark.parametrize(
+    "nested",
+    [
+        "[" * 30_000 + "]" * 30_000,
+        '{"a":' * 10_000 + "1" + "}" * 10_000,
+        '{"text":' + "[" * 30_000,  # unterminated as well
+    ],
+    ids=["arrays", "objects", "unterminated"],
+)
+@pytest.mark.parametrize(("method", "path"), JSON_ROUTES)
+def test_deeply_nested_json_is_a_400_and_the_server_keeps_serving(
+    server: Server, method: str, path: str, nested: str
+) -> None:
+    response = httpx.request(
+        method,
+        server.url + path,
+        content=nested.encode(),
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
+    assert response.status_code == 400, response.text
+    assert "nest" in response.json()["error"]
+    assert logged(server, "HTTP 400: body nests JSON")
+    assert health(server)["status"] == "ok"
+
+
+def test_ordinary_nesting_is_still_accepted(server: Server) -> None:
+    note: object = '[[[[{{{{ \\" [[[['  # brackets in strings are not nesting
+    for _ in range(60):
+        note = [note]
+    body = {"text": "hello", "note": note}
+    response = httpx.post(f"{server.url}/calls/x/say", json=body, timeout=10)
+    assert response.status_code == 404  # parsed, then: no call x in progress
