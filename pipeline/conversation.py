@@ -61,7 +61,7 @@ class SpeechSynthesizer(Protocol):
     @property
     def sample_rate(self) -> int: ...
 
-    async def synthesize(self, text: str) -> npt.NDArray[np.int16]: ...
+    async def synthesize(self, text: str, urgent: bool = False) -> npt.NDArray[np.int16]: ...
 
 
 class ReplyStream(Protocol):
@@ -510,7 +510,7 @@ class Conversation:
         if len(spoken) >= ahead:  # PlaybackCleared if the reply is cleared meanwhile
             await self.transport.wait_played(spoken[-ahead].end)
         clock.mark("first_sentence")
-        audio = await self.tts.synthesize(sentence)
+        audio = await self.tts.synthesize(sentence, urgent=not spoken)
         clock.mark("tts_first_chunk")
         pcm = self._resampler.resample_chunk(audio)
         if pcm.size == 0:

@@ -11,16 +11,15 @@ with one thread per synthesis) and a mean about as good when 2-4 calls speak at 
 two syntheses share the cores, each with all of them, was up to twice as slow. Thread spinning
 is off so an idle voice leaves the cores to speech recognition. A synthesis still waiting in
 line when its caller is cancelled (barge-in) never runs; one already running finishes and its
-audio is dropped.
+audio is dropped. A reply's first chunk waits ahead of later sentences (`urgent`): with eight
+callers answered at once, the later sentences have seconds of slack, the first none.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
@@ -31,6 +30,8 @@ import onnxruntime
 from piper.config import PiperConfig, SynthesisConfig
 from piper.voice import PiperVoice
 from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.scheduling import UrgentFirst
 
 BUNDLED_VOICE = "en_US-joe-medium"
 
@@ -104,7 +105,7 @@ class TextToSpeech:
             noise_w_scale=self.settings.noise_w_scale,
             volume=self.settings.volume,
         )
-        self._executor = ThreadPoolExecutor(self.settings.parallel, thread_name_prefix="tts")
+        self._workers = UrgentFirst(self.settings.parallel, "tts")
 
     @classmethod
     def shared(cls, settings: TTSSettings | None = None) -> TextToSpeech:
@@ -116,10 +117,11 @@ class TextToSpeech:
                 tts = cls._shared[settings] = cls(settings)
             return tts
 
-    async def synthesize(self, text: str) -> npt.NDArray[np.int16]:
-        """`text` spoken, int16 mono at `sample_rate`; runs in the voice's worker thread."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.synthesize_blocking, text)
+    async def synthesize(self, text: str, urgent: bool = False) -> npt.NDArray[np.int16]:
+        """`text` spoken, int16 mono at `sample_rate`; runs in the voice's worker thread.
+        `urgent` (a reply's first chunk, which its caller is waiting for) goes ahead of the
+        sentences that will only play after another has finished."""
+        return await self._workers.run(lambda: self.synthesize_blocking(text), urgent)
 
     def synthesize_blocking(self, text: str) -> npt.NDArray[np.int16]:
         """`text` spoken, in the calling thread (for tools and benchmarks)."""

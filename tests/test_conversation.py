@@ -112,7 +112,7 @@ class ToneTTS:
 
     sample_rate = 22_050
 
-    async def synthesize(self, text: str) -> PCM:
+    async def synthesize(self, text: str, urgent: bool = False) -> PCM:
         await asyncio.sleep(0.02)
         n = int(0.25 * self.sample_rate) * len(text.split())
         t = np.arange(n) / self.sample_rate
@@ -287,9 +287,9 @@ async def test_synthesis_follows_playback_at_most_two_sentences_ahead() -> None:
     backlog: list[int] = []  # reply samples queued but not yet played, at each synthesis
 
     class WatchedTTS(ToneTTS):
-        async def synthesize(self, text: str) -> PCM:
+        async def synthesize(self, text: str, urgent: bool = False) -> PCM:
             backlog.append(line.queued_samples - line.played_samples)
-            return await super().synthesize(text)
+            return await super().synthesize(text, urgent)
 
     reply = "One two. Three four. Five six. Seven eight. Nine ten. Eleven twelve."
     answered = asyncio.Event()

@@ -59,10 +59,10 @@ class SlowTTS(ToneTTS):
         self.delay_s = delay_s
         self.started = asyncio.Event()
 
-    async def synthesize(self, text: str) -> PCM:
+    async def synthesize(self, text: str, urgent: bool = False) -> PCM:
         self.started.set()
         await asyncio.sleep(self.delay_s)
-        return await super().synthesize(text)
+        return await super().synthesize(text, urgent)
 
 
 class PacedSTT(ScriptedSTT):

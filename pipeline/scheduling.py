@@ -1,0 +1,63 @@
+"""Blocking model work on a few threads, the urgent jobs first.
+
+Many calls share one voice (and one recognizer) with fewer threads than calls. When callers
+talk at once, a job that the caller is waiting on right now (the first chunk of a reply) should
+not queue behind jobs whose result is needed only seconds later (the next sentences, which will
+play after the current one). `UrgentFirst` runs at most `workers` jobs at once; waiting jobs
+start urgent first, in arrival order within each kind. A job cancelled while it waits never
+runs; one already running finishes on its thread and keeps its slot until it does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class UrgentFirst:
+    """A thread pool whose waiting line lets urgent jobs ahead (see the module docstring)."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix=name)
+        self._free = workers
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for *_, turn in self._waiting if not turn.done())
+
+    async def run(self, job: Callable[[], T], urgent: bool = False) -> T:
+        """`job()` on a worker thread, once a slot is free and no more urgent job waits."""
+        loop = asyncio.get_running_loop()
+        if self._free > 0 and not self.waiting:
+            self._free -= 1
+        else:
+            turn: asyncio.Future[None] = loop.create_future()
+            heapq.heappush(self._waiting, (0 if urgent else 1, next(self._order), turn))
+            try:
+                await turn  # a finishing job hands its slot over
+            except asyncio.CancelledError:
+                if turn.done() and not turn.cancelled():
+                    self._release()  # handed a slot, but no longer wanted: pass it on
+                raise
+        running = self._executor.submit(job)
+        running.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release))
+        return await asyncio.wrap_future(running)
+
+    def _release(self) -> None:
+        while self._waiting:
+            *_, turn = heapq.heappop(self._waiting)
+            if not turn.done():  # skip those cancelled while they waited
+                turn.set_result(None)
+                return
+        self._free += 1
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._executor.shutdown(wait=wait)

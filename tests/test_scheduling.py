@@ -1,0 +1,73 @@
+"""`UrgentFirst`: a few worker threads, urgent jobs let ahead of the waiting line."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from pipeline.scheduling import UrgentFirst
+
+
+class Jobs:
+    """Jobs that record the order they ran in; the first one blocks until released."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+        self.running = 0
+        self.most_at_once = 0
+        self.release = threading.Event()
+        self.blocking = threading.Event()
+        self._lock = threading.Lock()
+
+    def job(self, name: str, block: bool = False) -> str:
+        with self._lock:
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        if block:
+            self.blocking.set()
+            self.release.wait(10)
+        with self._lock:
+            self.ran.append(name)
+            self.running -= 1
+        return name
+
+
+async def test_urgent_jobs_go_ahead_of_those_already_waiting() -> None:
+    pool, jobs = UrgentFirst(1, "test"), Jobs()
+    first = asyncio.create_task(pool.run(lambda: jobs.job("first", block=True)))
+    await asyncio.to_thread(jobs.blocking.wait, 10)
+    later = [asyncio.create_task(pool.run(lambda n=n: jobs.job(n))) for n in ("a", "b")]
+    await asyncio.sleep(0)  # let them join the line before the urgent one
+    urgent = asyncio.create_task(pool.run(lambda: jobs.job("urgent"), urgent=True))
+    await asyncio.sleep(0)
+    assert pool.waiting == 3
+    jobs.release.set()
+    assert await asyncio.gather(first, *later, urgent) == ["first", "a", "b", "urgent"]
+    assert jobs.ran == ["first", "urgent", "a", "b"]
+    pool.shutdown()
+
+
+async def test_a_job_cancelled_while_waiting_never_runs_and_frees_its_place() -> None:
+    pool, jobs = UrgentFirst(1, "test"), Jobs()
+    first = asyncio.create_task(pool.run(lambda: jobs.job("first", block=True)))
+    await asyncio.to_thread(jobs.blocking.wait, 10)
+    dropped = asyncio.create_task(pool.run(lambda: jobs.job("dropped"), urgent=True))
+    kept = asyncio.create_task(pool.run(lambda: jobs.job("kept")))
+    await asyncio.sleep(0)
+    dropped.cancel()  # barge-in: the synthesis is no longer wanted
+    jobs.release.set()
+    assert await kept == "kept" and await first == "first"
+    assert dropped.cancelled() and jobs.ran == ["first", "kept"]
+    assert await pool.run(lambda: jobs.job("after")) == "after"  # no slot was lost
+    pool.shutdown()
+
+
+async def test_no_more_than_the_workers_run_at_once() -> None:
+    pool, jobs = UrgentFirst(2, "test"), Jobs()
+    names = [str(n) for n in range(12)]
+    done = await asyncio.gather(
+        *(pool.run(lambda n=n: jobs.job(n), urgent=int(n) % 3 == 0) for n in names)
+    )
+    assert sorted(done) == sorted(names) and sorted(jobs.ran) == sorted(names)
+    assert jobs.most_at_once <= 2
+    pool.shutdown()
