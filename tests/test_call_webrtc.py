@@ -36,7 +36,9 @@ def call_detail(server: Server, call_id: str) -> dict[str, object]:
 
 
 async def test_two_turn_call_hears_the_callers_words(server: Server) -> None:
-    result = await place_call(server.url, [utterance(FIRST), utterance(SECOND)])
+    # A reply opens with a short phrase ("You said,"); on a loaded runner the next chunk may
+    # take a moment to synthesise, which must not be taken for the end of the reply.
+    result = await place_call(server.url, [utterance(FIRST), utterance(SECOND)], quiet_s=2.0)
 
     assert len(result.turns) == 2
     latencies = [turn.voice_to_voice_ms for turn in result.turns]

@@ -190,7 +190,7 @@ async def speak(phone: TwilioPhone, text: str, timeout_s: float = 40.0) -> tuple
     speech_end = sent[voiced_span(pcm)[1]] + 0.02
     start = await phone.hear(first_audible_after(speech_end), timeout_s)
     assert start is not None, f"no reply to {text!r}"
-    stop = await phone.hear(silent_for_after(start, 0.8), timeout_s)
+    stop = await phone.hear(silent_for_after(start, 2.0), timeout_s)
     assert stop is not None, f"the reply to {text!r} never ended"
     return start, stop
 
