@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -67,6 +69,20 @@ def start_server(extra_env: dict[str, str] | None = None, timeout_s: float = 120
         process.kill()
         raise RuntimeError("hotline serve did not start:\n" + "\n".join(server.log[-40:]))
     return server
+
+
+async def logged(server: Server, *fragments: str, within_s: float = 10.0) -> list[str]:
+    """The server's log lines holding each fragment, once they all appear (the log is read by
+    a thread, so a line may arrive a moment after the server wrote it); fails after
+    `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        found = [next((line for line in server.log if f in line), None) for f in fragments]
+        if all(found):
+            return [line for line in found if line is not None]
+        missing = [f for f, line in zip(fragments, found, strict=True) if line is None]
+        assert time.monotonic() < deadline, f"the server never logged {missing}"
+        await asyncio.sleep(0.05)
 
 
 def stop_server(server: Server) -> int:

@@ -12,8 +12,13 @@ from collections.abc import AsyncIterator
 from pipeline.conversation import Conversation, ConversationSettings
 from pipeline.records import TurnRecord
 from pipeline.transport import PCM, HangUp, InboundEvent
+from pipeline.turns import TurnSettings
 from tests.speech import concat, espeak, silence
 from tests.test_conversation import PhoneLine, ScriptedLLM, ScriptedSTT, ToneTTS, speak
+
+# Longer than the server's 500 ms, so that the scripted STT, LLM and TTS (170 ms in all) are
+# done well before the endpoint even on a loaded runner: the point is the order, not the speed.
+END_SILENCE_MS = 1000
 
 
 class WatchedLine(PhoneLine):
@@ -45,6 +50,7 @@ async def one_turn(
         llm=llm,
         tts=ToneTTS(),
         settings=ConversationSettings(speculate=speculate),
+        turn_settings=TurnSettings(end_silence_ms=END_SILENCE_MS),
         on_turn=on_turn,
     )
 
@@ -60,7 +66,7 @@ async def one_turn(
 
 
 async def test_a_reply_begun_at_the_pause_is_heard_as_the_turn_ends() -> None:
-    speech = concat(silence(200), espeak("A table for two at seven please"), silence(900))
+    speech = concat(silence(200), espeak("A table for two at seven please"), silence(1400))
     gaps = {}
     for speculate in (True, False):
         llm = ScriptedLLM(["Sure. A table for two at seven."])
@@ -82,7 +88,7 @@ async def test_a_reply_begun_at_the_pause_is_heard_as_the_turn_ends() -> None:
 
 async def test_speaking_on_after_a_pause_discards_the_reply_begun_there() -> None:
     speech = concat(
-        silence(200), espeak("I would like"), silence(100), espeak("a table for two"), silence(900)
+        silence(200), espeak("I would like"), silence(100), espeak("a table for two"), silence(1400)
     )
     stt = ScriptedSTT(["I would like", "I would like a table for two"])
     llm = ScriptedLLM(["Never heard, this one.", "A table for two, sure."])
@@ -101,7 +107,7 @@ async def test_speaking_on_after_a_pause_discards_the_reply_begun_there() -> Non
 
 
 async def test_with_speculation_off_the_llm_is_asked_only_at_the_endpoint() -> None:
-    speech = concat(silence(200), espeak("What time do you open"), silence(900))
+    speech = concat(silence(200), espeak("What time do you open"), silence(1400))
     llm = ScriptedLLM(["We open at nine."])
     conversation, _ = await one_turn(speech, ScriptedSTT(["what time do you open"]), llm, False)
     [record] = conversation.records

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import websockets
 
-from tests.conftest import Server, start_server, stop_server
+from tests.conftest import Server, logged, start_server, stop_server
 from voice.twilio import twilio_signature
 
 pytestmark = pytest.mark.slow
@@ -113,8 +113,8 @@ async def test_a_stream_needs_a_fresh_token_for_its_own_call(signed_server: Serv
     assert await stream_outcome(signed_server, sid, token[:-2] + "xx") == "closed 1008"
     assert await stream_outcome(signed_server, sid, token) == "admitted"
     assert await stream_outcome(signed_server, sid, token) == "closed 1008"  # single use
+    await logged(signed_server, "stream token is for another call", "stream token already used")
     log = "\n".join(signed_server.log)
-    assert "stream token is for another call" in log and "stream token already used" in log
     assert token not in log and TOKEN not in log
 
 
@@ -141,8 +141,8 @@ async def test_a_reused_or_malformed_call_sid_is_refused(signed_server: Server) 
     assert await stream_outcome(signed_server, sid, again) == "closed 1008"
     forged_log_line = "CA1\nINFO forged"
     assert await stream_outcome(signed_server, forged_log_line, None) == "closed 1008"
+    await logged(signed_server, "stream for call 'CA1\\nINFO forged' refused")
     assert not [line for line in signed_server.log if line.startswith("INFO forged")]
-    assert any("stream for call 'CA1\\nINFO forged' refused" in line for line in signed_server.log)
 
 
 @pytest.mark.parametrize("signature", [None, "", "bm90IHRoZSBzaWduYXR1cmU=", "x" * 500])
