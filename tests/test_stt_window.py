@@ -48,8 +48,7 @@ def as_float(pcm: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def fit() -> SpeechToText:
-    stt = SpeechToText.shared()
-    assert stt.settings.window == "fit"  # the default
+    stt = SpeechToText.shared(STTSettings(window="fit"))
     stt.warm_up()
     return stt
 
@@ -246,7 +245,12 @@ def test_base_detects_the_language_and_takes_the_prompt_in_a_fitted_window(
 ) -> None:
     monkeypatch.setenv("HOTLINE_CACHE_DIR", str(tmp_path))
     settings = STTSettings(
-        model="base", language=None, initial_prompt="Sarah Johnson.", workers=1, cpu_threads=2
+        model="base",
+        language=None,
+        initial_prompt="Sarah Johnson.",
+        workers=1,
+        cpu_threads=2,
+        window="fit",
     )
     base = SpeechToText(settings)
     try:
