@@ -10,14 +10,33 @@ Models (never downloaded):
 One `SpeechToText` per settings per process (`shared()`); inference runs on its own small thread
 pool, never on the event loop, and the lazy segment generator is consumed inside the worker.
 
-Measured here (2 cores, int8, beam 1, temperature 0, 1.6–6.2 s espeak utterances, warm): tiny.en
-0.27–0.31 s (2 threads: 0.22–0.32 s), base 0.58–0.69 s (2 threads: 0.41–0.54 s), whatever the
-length: Whisper always encodes a 30 s window. One inference does not use two cores well, so two
-model replicas with one thread each beat one replica with two threads as soon as two turns
-overlap (tiny.en: two at once finish at 340/382 ms vs 303/620 ms; three at 327/380/636 vs
-264/526/786; base: 655/697 vs 482/965), for +10 ms (tiny.en) or +140 ms (base) on a lone turn.
-Two replicas with two threads each oversubscribe the cores (base: 1.48/1.54 s). Default: two
-workers, one thread each; more turns queue (`Transcript.queued_s`).
+Encoder window (`STTSettings.window`): "full" (default) is faster-whisper's own `transcribe()`,
+always a 30 s window, audio of any length. "fit" encodes the audio in a window sized to it
+(audio + 4 s of silence, rounded up to 10, 15, 20 or 30 s; `pipeline.stt_window`), and falls
+back to the full path when the audio is longer than 26 s or silent, or when the fitted window's
+text has no words or looks like a repetition loop. Measured with the WER study
+(`python -m voice.wer_study --window fit|full`: 200 utterances of 1.5–6.3 s, clean and over an
+8 kHz μ-law line, one at a time, 2 cores, int8, beam 1; median/p95 of 400 turns on the
+quietest run): tiny.en 70/81 ms fitted vs 420/445 ms full, base 144/171 ms vs 927/1017 ms;
+1–3 turns in 400 were retried in the 30 s window (their time is the sum of both). Word error
+rate, fit vs full (mean of three runs; runs differ by up to 0.5 point because CTranslate2's
+int8 results differ slightly between processes): tiny.en clean 16.7% vs 17.5%, phone 33.0% vs
+35.9%; base clean 15.6% vs 13.5%, phone 26.8% vs 29.4%; on piper's natural voice 1.7–2.5% vs
+1.7–3.9% in every cell. Base on clean robotic espeak voices is the one cell where the fitted
+window loses (+2 points; +1.4 with 20 ms more silence before the speech, and a 30 s window with
+the audio padded the same way loses as much, so it is the padding as well as the window size).
+The browser test's espeak "I need a taxi to the airport." in 24 variants (100–400 ms of silence
+before, 150 or 300 ms after; clean, a 32 kb/s Opus round trip, the phone line): fit heard "taxi"
+in 24, full in 23 (it heard "I need not access it" once, through Opus).
+
+In the full window (2 cores, int8, beam 1, temperature 0, 1.6–6.2 s espeak utterances, warm):
+tiny.en 0.27–0.31 s (2 threads: 0.22–0.32 s), base 0.58–0.69 s (2 threads: 0.41–0.54 s),
+whatever the length. One inference does not use two cores well, so two model replicas with one
+thread each beat one replica with two threads as soon as two turns overlap (tiny.en: two at once
+finish at 340/382 ms vs 303/620 ms; three at 327/380/636 vs 264/526/786; base: 655/697 vs
+482/965), for +10 ms (tiny.en) or +140 ms (base) on a lone turn. Two replicas with two threads
+each oversubscribe the cores (base: 1.48/1.54 s). Default: two workers, one thread each; more
+turns queue (`Transcript.queued_s`).
 """
 
 from __future__ import annotations

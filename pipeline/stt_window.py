@@ -14,13 +14,16 @@ cross-attention) cost grows with the window. `WindowedDecoder` runs one window:
 
 Whisper was trained on 30 s windows, and with too little silence after the speech it reads the
 sentence again ("Yes, that's right. Yes, that's right") or misreads it. The margin keeps that
-rare; `suspect()` catches what is left (the token cap reached, three or more words repeating a
-stretch just before them, text that compresses like a loop, no text from audio that is not
-silent), and the caller then transcribes the whole 30 s window instead.
+rare; `WindowResult.suspect` catches what is left (no words; the token cap reached; three or
+more words repeating the stretch just before them; text that compresses like a loop), and the
+caller then transcribes in faster-whisper's own 30 s window instead.
 
-Measured (2 cores, tiny.en, int8, beam 1, 200 utterances of 1.5–6.3 s, clean and over an 8 kHz
-μ-law line): a margin of 1 s looped or misread so often that WER rose from 17% to 33% (clean)
-and 36% to 54% (phone); 2 s: 25% and 45%; 3 s: 18% and 35%, 0 and 3 loops. See `pipeline.stt`.
+Why 4 s, and 10 s at least (tiny.en, 2 cores, the WER study's 200 utterances of 1.5–6.3 s, clean
+and over an 8 kHz μ-law line; full window 17.4% / 35.6% WER, 477 ms median; WER before any
+retry, and how many of the 400 transcripts the guard flags): audio + 1 s in 5 s steps: 32.8% /
+54.1%, 97 flagged; + 2 s: 25.3% / 44.5%, 57; + 3 s: 18.0% / 34.6%, 11; + 4 s in 2 s steps from
+6 s: 16.7% / 35.2%, 11, 59 ms median, but "Yes, that's right" (1.5–1.9 s) still loops in 6 s;
+and audio + 4 s from 10 s (these buckets): 17.2% / 33.9%, 3 flagged, 72 ms median.
 """
 
 from __future__ import annotations
@@ -121,7 +124,7 @@ class WindowResult:
 
 
 class WindowedDecoder:
-    """Transcribes audio of at most 28 s in one encoder window with a loaded `WhisperModel`.
+    """Transcribes audio in one encoder window of a loaded faster-whisper `WhisperModel`.
 
     Stateless between calls and safe from several threads at once, like the model itself."""
 

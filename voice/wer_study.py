@@ -288,13 +288,13 @@ def run_study(
     sentences: Sequence[str] = CORPUS,
     conditions: Sequence[Condition] = CONDITIONS,
     progress: Callable[[Trial], None] | None = None,
-    window: Literal["fit", "full"] = "fit",
+    window: Literal["fit", "full"] | None = None,
 ) -> StudyReport:
     """Transcribe every sentence by every voice, clean and over the phone, with every model.
 
     Models run one utterance at a time with the server's settings (int8, beam 1, English, the
-    encoder `window` mode of `STTSettings`), so `inference_s` is the latency one caller's turn
-    would see on an idle machine."""
+    encoder window of `STTSettings` unless `window` says "fit" or "full"), so `inference_s` is
+    the latency one caller's turn would see on an idle machine."""
     from pipeline.stt import SpeechToText, STTSettings
 
     report = StudyReport()
@@ -305,7 +305,10 @@ def run_study(
         for condition in conditions
     }
     for model in models:
-        stt = SpeechToText.shared(STTSettings(model=model, window=window))
+        settings = STTSettings(model=model)
+        if window is not None:
+            settings = settings.model_copy(update={"window": window})
+        stt = SpeechToText.shared(settings)
         report.load_s[model] = stt.load_s
         stt.warm_up()
         for (voice, text, condition), pcm in audio.items():
@@ -334,9 +337,11 @@ def print_study(
     sentences: Sequence[str] = CORPUS,
     verbose: bool = False,
     out: TextIO | None = None,
-    window: Literal["fit", "full"] = "fit",
+    window: Literal["fit", "full"] | None = None,
 ) -> StudyReport:
     """Run the study and print the Markdown tables (and, if `verbose`, every transcript)."""
+    from pipeline.stt import STTSettings
+
     stream = out or sys.stdout
 
     def show(trial: Trial) -> None:
@@ -353,7 +358,8 @@ def print_study(
     utterances = len(voices) * len(sentences)
     print(
         f"\n{utterances} utterances ({len(sentences)} sentences x {len(voices)} voices), "
-        f"each clean and through an 8 kHz mu-law phone line; encoder window: {window}\n",
+        f"each clean and through an 8 kHz mu-law phone line; encoder window: "
+        f"{window or STTSettings().window}\n",
         file=stream,
     )
     print(report.table(), file=stream)
@@ -382,12 +388,12 @@ if __name__ == "__main__":
     # python -m voice.wer_study [-v] [--window fit|full] [--model NAME ...]
     args = sys.argv[1:]
     after = {arg: args[i + 1] for i, arg in enumerate(args[:-1])}
-    mode = after.get("--window", "fit")
-    if mode not in ("fit", "full"):
+    mode = after.get("--window")
+    if mode not in (None, "fit", "full"):
         sys.exit(f"--window {mode}: use fit or full")
     chosen = tuple(args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--model")
     print_study(
         chosen or ("tiny.en", "base"),
         verbose="-v" in args,
-        window="full" if mode == "full" else "fit",
+        window=None if mode is None else "full" if mode == "full" else "fit",
     )
