@@ -21,15 +21,17 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import soxr
 from pydantic import BaseModel, Field
 
+from pipeline.endpoint import sounds_finished
 from pipeline.llm import ChatMessage, LLMError
 from pipeline.records import TurnClock, TurnRecord
+from pipeline.scheduling import Urgency
 from pipeline.sentences import SentenceSettings, SentenceSplitter
 from pipeline.speculation import Discarded, Gate, Speculation, Unanswered
 from pipeline.stt import Transcript
@@ -41,6 +43,7 @@ from pipeline.transport import (
     PlaybackCleared,
     Transport,
 )
+from pipeline.tts import trim_leading_silence
 from pipeline.turns import (
     SpeechResumed,
     SpeechStarted,
@@ -54,7 +57,9 @@ log = logging.getLogger(__name__)
 
 
 class SpeechRecognizer(Protocol):
-    async def transcribe(self, audio: npt.NDArray[np.int16]) -> Transcript: ...
+    async def transcribe(
+        self, audio: npt.NDArray[np.int16], urgent: bool | Urgency = True
+    ) -> Transcript: ...
 
 
 class SpeechSynthesizer(Protocol):
@@ -167,6 +172,14 @@ def heard_text(spoken: Sequence[_Spoken], played: int) -> str:
     return " ".join(parts)
 
 
+class _Early(NamedTuple):
+    """A transcription started at the caller's pause, by the audio position where speech ended."""
+
+    end_position: int
+    task: asyncio.Task[Transcript]
+    urgency: Urgency
+
+
 class Conversation:
     """The per-call loop of DESIGN.md; owns the call's state and at most one response task."""
 
@@ -212,7 +225,7 @@ class Conversation:
         self._ended = False  # the caller hung up: a reply cut off now is recorded, not carried
         self.end_reason: str | None = None  # why the call ended, as the transport said
         # Transcription started when the caller paused, by the audio position where speech ended.
-        self._early: tuple[int, asyncio.Task[Transcript]] | None = None
+        self._early: _Early | None = None
         self._speculation: Speculation | None = None  # a reply begun at that pause, held
         self.speculations_discarded = 0  # in the whole call
         self._discarded_in_turn = 0  # since the last turn record
@@ -341,8 +354,11 @@ class Conversation:
         self._discard_speculation("the caller paused again")
         self._drop_early()
         audio = self._caller_audio(pause.audio)
-        task = asyncio.create_task(self.stt.transcribe(audio))
-        self._early = (pause.end_position, task)
+        urgency = Urgency()  # behind finished turns' transcriptions, until its turn ends here
+        task = asyncio.create_task(self.stt.transcribe(audio, urgency))
+        self._early = _Early(pause.end_position, task, urgency)
+        if self.detector.settings.finished_silence_ms:
+            task.add_done_callback(functools.partial(self._maybe_finished, pause.end_position))
         idle = self._response is None or self._response.done()
         if self.settings.speculate and idle and not self._keypad:
             words, gate = Unanswered(audio, TurnClock(pause.speech_ended_at), task), Gate()
@@ -368,7 +384,8 @@ class Conversation:
         """The turn ended at the speculation's pause: its held reply is the response now."""
         words = spec.words
         words.clock.mark("endpoint", segment.detected_at)
-        if self._early is not None and self._early[1] is words.transcript:
+        if self._early is not None and self._early.task is words.transcript:
+            self._early.urgency.promote()
             self._early = None  # the reply awaits it: consumed, not cancelled
         self._drop_early()
         if self._unheard is not None and self._unheard.transcript is not None:
@@ -381,8 +398,19 @@ class Conversation:
 
     def _drop_early(self) -> None:
         if self._early is not None:
-            self._early[1].cancel()
+            self._early.task.cancel()
             self._early = None
+
+    def _maybe_finished(self, end_position: int, task: asyncio.Task[Transcript]) -> None:
+        """The early transcript of the pause at `end_position` is in: if the caller's words
+        sound finished and they are still silent, their turn ends sooner (`finished_silence_ms`)."""
+        if self._early is None or self._early.task is not task or task.cancelled():
+            return
+        if task.exception() is not None or not sounds_finished(task.result().text):
+            return
+        segment = self.detector.hasten(end_position, self.detector.settings.finished_silence_ms)
+        if segment is not None:
+            self._start_response(segment)
 
     def _start_response(self, segment: TurnSegment) -> None:
         spec, self._speculation = self._speculation, None
@@ -398,8 +426,9 @@ class Conversation:
             log.warning("call %s: turn ended while a response was running", self.call_id)
             self._response.cancel()
         early = None
-        if self._early is not None and self._early[0] == segment.end_position:
-            early, self._early = self._early[1], None
+        if self._early is not None and self._early.end_position == segment.end_position:
+            self._early.urgency.promote()
+            early, self._early = self._early.task, None
         self._drop_early()
         clock = TurnClock(segment.speech_ended_at)
         clock.mark("endpoint", segment.detected_at)
@@ -512,6 +541,8 @@ class Conversation:
         clock.mark("first_sentence")
         audio = await self.tts.synthesize(sentence, urgent=not spoken)
         clock.mark("tts_first_chunk")
+        if not spoken:
+            audio = trim_leading_silence(audio, self.tts.sample_rate)
         pcm = self._resampler.resample_chunk(audio)
         if pcm.size == 0:
             return []

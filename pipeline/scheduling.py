@@ -6,18 +6,32 @@ not queue behind jobs whose result is needed only seconds later (the next senten
 play after the current one). `UrgentFirst` runs at most `workers` jobs at once; waiting jobs
 start urgent first, in arrival order within each kind. A job cancelled while it waits never
 runs; one already running finishes on its thread and keeps its slot until it does.
+
+A job may become urgent while it waits: a transcription started speculatively at the caller's
+pause is urgent once the turn really ended there. Such a job carries an `Urgency` that the
+caller promotes; the line is a short list (one entry per waiting call), searched at each start.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+@dataclass
+class Urgency:
+    """A waiting job's rank, which its owner may raise while it waits."""
+
+    urgent: bool = False
+
+    def promote(self) -> None:
+        self.urgent = True
 
 
 class UrgentFirst:
@@ -26,21 +40,22 @@ class UrgentFirst:
     def __init__(self, workers: int, name: str) -> None:
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix=name)
         self._free = workers
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[Urgency, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
 
     @property
     def waiting(self) -> int:
         return sum(1 for *_, turn in self._waiting if not turn.done())
 
-    async def run(self, job: Callable[[], T], urgent: bool = False) -> T:
+    async def run(self, job: Callable[[], T], urgent: bool | Urgency = False) -> T:
         """`job()` on a worker thread, once a slot is free and no more urgent job waits."""
         loop = asyncio.get_running_loop()
         if self._free > 0 and not self.waiting:
             self._free -= 1
         else:
             turn: asyncio.Future[None] = loop.create_future()
-            heapq.heappush(self._waiting, (0 if urgent else 1, next(self._order), turn))
+            rank = urgent if isinstance(urgent, Urgency) else Urgency(urgent)
+            self._waiting.append((rank, next(self._order), turn))
             try:
                 await turn  # a finishing job hands its slot over
             except asyncio.CancelledError:
@@ -52,11 +67,12 @@ class UrgentFirst:
         return await asyncio.wrap_future(running)
 
     def _release(self) -> None:
-        while self._waiting:
-            *_, turn = heapq.heappop(self._waiting)
-            if not turn.done():  # skip those cancelled while they waited
-                turn.set_result(None)
-                return
+        self._waiting = [entry for entry in self._waiting if not entry[2].done()]  # cancelled
+        if self._waiting:
+            first = min(self._waiting, key=lambda entry: (not entry[0].urgent, entry[1]))
+            self._waiting.remove(first)
+            first[2].set_result(None)
+            return
         self._free += 1
 
     def shutdown(self, wait: bool = True) -> None:

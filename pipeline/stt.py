@@ -10,11 +10,14 @@ Models (never downloaded):
 One `SpeechToText` per settings per process (`shared()`); inference runs on its own small thread
 pool, never on the event loop, and the lazy segment generator is consumed inside the worker.
 
-Encoder window (`STTSettings.window`): "full" (default) is faster-whisper's own `transcribe()`,
-always a 30 s window, audio of any length. "fit" encodes the audio in a window sized to it
-(audio + 4 s of silence, rounded up to 10, 15, 20 or 30 s; `pipeline.stt_window`), and falls
-back to the full path when the audio is longer than 26 s or silent, or when the fitted window's
-text has no words or looks like a repetition loop. Measured with the WER study
+Encoder window (`STTSettings.window`; the default "auto" is "fit" for tiny.en, "full" for the
+others): "full" is faster-whisper's own `transcribe()`, always a 30 s window, audio of any
+length. "fit" encodes the audio in a window sized to it (audio + 4 s of silence, rounded up
+to 10, 15, 20 or 30 s; `pipeline.stt_window`), and falls back to the full path when the audio
+is longer than 26 s or silent, or when the fitted window's text has no words or looks like a
+repetition loop. The server uses "fit" on phone calls and "full" on WebRTC calls (through
+Chrome, "fit" misheard the browser test's "a taxi"; `voice.settings.WidebandSTTSettings`).
+Measured with the WER study
 (`python -m voice.wer_study --window fit|full`: 200 utterances of 1.5–6.3 s, clean and over an
 8 kHz μ-law line, one at a time, 2 cores, int8, beam 1; median/p95 of 400 turns on the
 quietest run): tiny.en 70/81 ms fitted vs 420/445 ms full, base 144/171 ms vs 927/1017 ms;
@@ -41,7 +44,6 @@ turns queue (`Transcript.queued_s`).
 
 from __future__ import annotations
 
-import asyncio
 import importlib.resources
 import os
 import shutil
@@ -56,7 +58,12 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.scheduling import Urgency, UrgentFirst
 from pipeline.stt_window import FULL_WINDOW_S, RATE, WindowedDecoder, has_sound, window_for
+
+# Models whose fitted window is within a point of the full window's WER in the WER study, clean
+# and over the phone (base is 2 points worse on clean espeak voices: see the module docstring).
+FIT_PROVEN = frozenset({"tiny.en"})
 
 
 class STTSettings(BaseModel):
@@ -85,14 +92,20 @@ class STTSettings(BaseModel):
     max_tokens_per_s: float = Field(
         default=8.0, gt=0.0, description="Transcript length cap per second of audio (+8)."
     )
-    # Not yet the default: on the browser test's audio (Chrome, Opus) "fit" heard "a taxi" as
-    # "that access" where "full" did not, though it wins on the 200-utterance study.
-    window: Literal["fit", "full"] = Field(
-        default="full",
+    window: Literal["auto", "fit", "full"] = Field(
+        default="auto",
         description='"fit": encode a window sized to the audio (audio + 4 s, rounded up to 10, '
         "15, 20 or 30 s), retried in the 30 s window if it looks looped or has no words; "
-        '"full": always faster-whisper\'s own 30 s window.',
+        '"full": always faster-whisper\'s own 30 s window; "auto": "fit" for the models it was '
+        'proven on (tiny.en), else "full".',
     )
+
+    @property
+    def encoder_window(self) -> Literal["fit", "full"]:
+        """The window mode in force: "auto" resolved for this model."""
+        if self.window == "auto":
+            return "fit" if self.model in FIT_PROVEN else "full"
+        return self.window
 
 
 @dataclass(frozen=True)
@@ -192,39 +205,60 @@ class SpeechToText:
     _shared: ClassVar[dict[STTSettings, SpeechToText]] = {}
     _shared_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def __init__(self, settings: STTSettings | None = None) -> None:
+    _model: Any  # faster_whisper.WhisperModel
+    _workers: UrgentFirst
+
+    def __init__(self, settings: STTSettings | None = None, *, like: SpeechToText | None = None):
+        """Load the model, or share the loaded model and worker threads of `like` (settings
+        that differ only in `window`)."""
         from faster_whisper import WhisperModel
 
         self.settings = settings or STTSettings()
         self.model_dir = resolve_model_dir(self.settings.model)
         started = time.perf_counter()
-        self._model = WhisperModel(
-            str(self.model_dir),
-            device="cpu",
-            compute_type=self.settings.compute_type,
-            cpu_threads=self.settings.cpu_threads,
-            num_workers=self.settings.workers,
-            local_files_only=True,
-        )
+        if like is not None and _engine_key(like.settings) == _engine_key(self.settings):
+            self._model, self._workers = like._model, like._workers
+        else:
+            self._model = WhisperModel(
+                str(self.model_dir),
+                device="cpu",
+                compute_type=self.settings.compute_type,
+                cpu_threads=self.settings.cpu_threads,
+                num_workers=self.settings.workers,
+                local_files_only=True,
+            )
+            self._workers = UrgentFirst(self.settings.workers, "stt")
         self._windowed = WindowedDecoder(self._model, self.settings)
         self.load_s = time.perf_counter() - started
-        self._executor = ThreadPoolExecutor(self.settings.workers, thread_name_prefix="stt")
 
     @classmethod
     def shared(cls, settings: STTSettings | None = None) -> SpeechToText:
-        """The process-wide instance for these settings, loaded on first use."""
+        """The process-wide instance for these settings, loaded on first use; settings that
+        differ only in `window` share one loaded model and its worker threads."""
         settings = settings or STTSettings()
         with cls._shared_lock:
             instance = cls._shared.get(settings)
             if instance is None:
-                instance = cls._shared[settings] = cls(settings)
+                like = next(
+                    (
+                        i
+                        for i in cls._shared.values()
+                        if _engine_key(i.settings) == _engine_key(settings)
+                    ),
+                    None,
+                )
+                instance = cls._shared[settings] = cls(settings, like=like)
             return instance
 
-    async def transcribe(self, audio: np.ndarray) -> Transcript:
-        """Transcribe int16 16 kHz mono audio on a worker thread."""
+    async def transcribe(self, audio: np.ndarray, urgent: bool | Urgency = True) -> Transcript:
+        """Transcribe int16 16 kHz mono audio on a worker thread. A finished turn's audio is
+        `urgent`; audio transcribed early, at a pause, waits behind it unless promoted (its
+        turn ended there) while it waits."""
         submitted = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run, audio, submitted)
+        transcript: Transcript = await self._workers.run(
+            lambda: self._run(audio, submitted), urgent
+        )
+        return transcript
 
     def transcribe_blocking(self, audio: np.ndarray) -> Transcript:
         """Transcribe in the calling thread (still limited to `workers` model replicas)."""
@@ -236,20 +270,19 @@ class SpeechToText:
         tone = _as_float32(
             (np.sin(np.arange(RATE) * 2 * np.pi * 220 / RATE) * 3000).astype(np.int16)
         )
-        jobs = [
-            self._executor.submit(self._warm_up_one, tone) for _ in range(self.settings.workers)
-        ]
-        for job in jobs:
-            job.result()
+        workers = self.settings.workers
+        with ThreadPoolExecutor(workers, thread_name_prefix="stt-warm-up") as pool:
+            for job in [pool.submit(self._warm_up_one, tone) for _ in range(workers)]:
+                job.result()
 
     def _warm_up_one(self, tone: np.ndarray) -> None:
-        if self.settings.window == "fit":
+        if self.settings.encoder_window == "fit":
             self._windowed.decode(tone, window_for(len(tone) / RATE) or FULL_WINDOW_S, 8)
         self._full(tone, 8)
 
     def close(self) -> None:
         """Stop the worker threads (queued transcriptions still finish)."""
-        self._executor.shutdown(wait=True)
+        self._workers.shutdown(wait=True)
 
     def _run(self, audio: np.ndarray, submitted: float) -> Transcript:
         started = time.perf_counter()
@@ -274,7 +307,8 @@ class SpeechToText:
         """(text, encoder window, retried): in the fitted window when the settings ask for it,
         the audio fits and is not silent (a short window hears "you" in silence), kept unless
         it looks looped or has no words; otherwise faster-whisper's 30 s path."""
-        window = window_for(len(samples) / RATE) if self.settings.window == "fit" else None
+        fit = self.settings.encoder_window == "fit"
+        window = window_for(len(samples) / RATE) if fit else None
         if window is None or not has_sound(samples):
             return self._full(samples, cap), FULL_WINDOW_S, False
         result = self._windowed.decode(samples, window, cap)
@@ -299,6 +333,11 @@ class SpeechToText:
             "condition_on_previous_text": False,
             "without_timestamps": True,
         }
+
+
+def _engine_key(settings: STTSettings) -> STTSettings:
+    """What a loaded model and its threads depend on: everything but the window mode."""
+    return STTSettings(**{**settings.model_dump(), "window": "full"})
 
 
 def _as_float32(audio: np.ndarray) -> np.ndarray:

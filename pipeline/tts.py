@@ -34,6 +34,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.scheduling import UrgentFirst
 
 BUNDLED_VOICE = "en_US-joe-medium"
+AUDIBLE = 328  # |sample| from which audio is not silence (-40 dBFS)
+
+
+def trim_leading_silence(
+    audio: npt.NDArray[np.int16], rate: int, keep_ms: int = 10
+) -> npt.NDArray[np.int16]:
+    """`audio` from `keep_ms` before its first audible sample. Piper opens a sentence with up
+    to 60 ms of silence ("You said: ..."; "Sure," none): a reply's first chunk should not make
+    its caller wait for it."""
+    loud = np.flatnonzero(np.abs(audio.astype(np.int32)) >= AUDIBLE)
+    if not loud.size:
+        return audio
+    return audio[max(0, int(loud[0]) - rate * keep_ms // 1000) :]
 
 
 class TTSSettings(BaseModel):

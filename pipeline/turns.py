@@ -63,6 +63,12 @@ class TurnSettings(BaseModel):
         default=150, ge=0, description="Audio kept after the last voiced window."
     )
     max_turn_s: float = Field(default=30.0, gt=0.0, description="A longer turn is cut here.")
+    finished_silence_ms: int = Field(
+        default=0,
+        ge=0,
+        description="Trailing silence that ends a turn whose early transcript sounds finished "
+        "(a whole sentence or question; `pipeline.endpoint`). 0: always end_silence_ms.",
+    )
     pause_ms: int = Field(
         default=200,
         ge=0,
@@ -202,6 +208,7 @@ class TurnDetector:
         self._started = False  # SpeechStarted emitted for the current onset
         self._silence_from: int | None = None  # position where the trailing silence began
         self._paused = False  # TurnPause emitted for the current silence
+        self._end_silence = self._ms(self.settings.end_silence_ms)  # for the current silence
 
     def push(self, pcm: np.ndarray, at: float) -> list[TurnEvent]:
         """Feed int16 16 kHz mono audio; `at` is the monotonic time its last sample arrived."""
@@ -231,12 +238,14 @@ class TurnDetector:
         if self._onset is None:
             if voiced:
                 self._onset, self._silence_from, self._paused = start, None, False
+                self._end_silence = self._ms(s.end_silence_ms)
                 return self._maybe_started(end)
             return None
         if voiced:
             resumed = self._paused
             self._silence_from = None
             self._paused = False
+            self._end_silence = self._ms(s.end_silence_ms)
             if resumed:
                 return SpeechResumed(at=self._time_of(start))
         elif silent and self._silence_from is None:
@@ -246,9 +255,7 @@ class TurnDetector:
                 self._onset, self._silence_from = None, None
                 return None
             return self._maybe_started(end)
-        if self._silence_from is not None and end - self._silence_from >= self._ms(
-            s.end_silence_ms
-        ):
+        if self._silence_from is not None and end - self._silence_from >= self._end_silence:
             return self._finish(self._silence_from)
         if (
             self._silence_from is not None
@@ -262,6 +269,19 @@ class TurnDetector:
             return TurnPause(audio, self._silence_from, ended_at)
         if end - self._onset >= self._ms(round(s.max_turn_s * 1000)):
             return self._finish(self._silence_from if self._silence_from is not None else end)
+        return None
+
+    def hasten(self, end_position: int, end_silence_ms: int) -> TurnSegment | None:
+        """The caller sounds finished at `end_position` (say, the transcript of that pause is a
+        whole sentence): if the silence that began there is still going on, it ends the turn
+        after `end_silence_ms` instead of `end_silence_ms` of the settings, at once when it has
+        lasted that long already (the segment is returned; `detected_at` is the latest audio's
+        time). Speech resuming forgets it."""
+        if self._onset is None or not self._started or self._silence_from != end_position:
+            return None
+        self._end_silence = min(self._end_silence, self._ms(end_silence_ms))
+        if self._analysed - self._silence_from >= self._end_silence:
+            return self._finish(self._silence_from)
         return None
 
     def _maybe_started(self, end: int) -> SpeechStarted | None:
@@ -280,6 +300,7 @@ class TurnDetector:
             return None
         audio = self._segment_audio(speech_end)
         self._onset, self._started, self._silence_from = None, False, None
+        self._end_silence = self._ms(s.end_silence_ms)
         return TurnSegment(
             audio=audio,
             speech_started_at=self._onset_at,

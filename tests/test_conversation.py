@@ -17,6 +17,7 @@ import numpy as np
 from pipeline.conversation import Conversation, ConversationSettings, heard_text
 from pipeline.llm import ChatMessage, LLMError
 from pipeline.records import TurnRecord
+from pipeline.scheduling import Urgency
 from pipeline.stt import Transcript
 from pipeline.transport import (
     PCM,
@@ -37,7 +38,7 @@ class ScriptedSTT:
         self.heard_seconds: list[float] = []
         self.called_at: list[float] = []
 
-    async def transcribe(self, audio: PCM) -> Transcript:
+    async def transcribe(self, audio: PCM, urgent: bool | Urgency = True) -> Transcript:
         self.called_at.append(time.monotonic())
         await asyncio.sleep(self.delay_s)
         self.heard_seconds.append(len(audio) / SAMPLE_RATE)

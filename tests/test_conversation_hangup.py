@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from pipeline.conversation import Conversation, ConversationSettings
 from pipeline.records import TurnRecord
+from pipeline.scheduling import Urgency
 from pipeline.stt import Transcript
 from pipeline.transport import PCM, SAMPLE_RATE, AudioIn, HangUp, InboundEvent, PlaybackCleared
 from tests.speech import frames
@@ -72,9 +73,9 @@ class PacedSTT(ScriptedSTT):
         super().__init__(texts)
         self.delays_s = delays_s
 
-    async def transcribe(self, audio: PCM) -> Transcript:
+    async def transcribe(self, audio: PCM, urgent: bool | Urgency = True) -> Transcript:
         self.delay_s = self.delays_s.pop(0)
-        return await super().transcribe(audio)
+        return await super().transcribe(audio, urgent)
 
 
 class Call:

@@ -35,7 +35,11 @@ class WatchedLine(PhoneLine):
 
 
 async def one_turn(
-    speech: PCM, stt: ScriptedSTT, llm: ScriptedLLM, speculate: bool
+    speech: PCM,
+    stt: ScriptedSTT,
+    llm: ScriptedLLM,
+    speculate: bool,
+    finished_silence_ms: int = 0,
 ) -> tuple[Conversation, WatchedLine]:
     line = WatchedLine()
     answered = asyncio.Event()
@@ -50,7 +54,9 @@ async def one_turn(
         llm=llm,
         tts=ToneTTS(),
         settings=ConversationSettings(speculate=speculate),
-        turn_settings=TurnSettings(end_silence_ms=END_SILENCE_MS),
+        turn_settings=TurnSettings(
+            end_silence_ms=END_SILENCE_MS, finished_silence_ms=finished_silence_ms
+        ),
         on_turn=on_turn,
     )
 
@@ -113,3 +119,23 @@ async def test_with_speculation_off_the_llm_is_asked_only_at_the_endpoint() -> N
     [record] = conversation.records
     assert not record.speculative
     assert record.timings_ms["llm_first_token"] > record.timings_ms["endpoint"]
+
+
+async def test_words_that_sound_finished_end_the_turn_sooner() -> None:
+    speech = concat(silence(200), espeak("Book me a taxi to the airport"), silence(1400))
+    endpoints = {}
+    for heard in ("Book me a taxi to the airport.", "Book me a taxi to the"):
+        for hasten in (0, 300):
+            llm = ScriptedLLM(["Sure, a taxi."])
+            conversation, _ = await one_turn(speech, ScriptedSTT([heard]), llm, True, hasten)
+            [record] = conversation.records
+            assert record.caller_text == heard and record.speculative
+            endpoints[heard, hasten] = record.timings_ms["endpoint"]
+    print(endpoints)
+    # A whole sentence ends the turn after 300 ms of silence (or when its transcript is in);
+    # a sentence left hanging ("to the") waits the whole end_silence_ms, as with it off.
+    finished, hanging = "Book me a taxi to the airport.", "Book me a taxi to the"
+    assert endpoints[finished, 300] < endpoints[finished, 0] - 400
+    assert endpoints[finished, 300] >= 300
+    assert abs(endpoints[hanging, 300] - endpoints[hanging, 0]) < 100
+    assert endpoints[hanging, 0] >= END_SILENCE_MS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from pipeline.scheduling import UrgentFirst
+from pipeline.scheduling import Urgency, UrgentFirst
 
 
 class Jobs:
@@ -70,4 +70,21 @@ async def test_no_more_than_the_workers_run_at_once() -> None:
     )
     assert sorted(done) == sorted(names) and sorted(jobs.ran) == sorted(names)
     assert jobs.most_at_once <= 2
+    pool.shutdown()
+
+
+async def test_a_waiting_job_promoted_to_urgent_goes_ahead() -> None:
+    pool, jobs = UrgentFirst(1, "test"), Jobs()
+    first = asyncio.create_task(pool.run(lambda: jobs.job("first", block=True)))
+    await asyncio.to_thread(jobs.blocking.wait, 10)
+    early = Urgency()  # a transcription begun at a pause
+    queued = [
+        asyncio.create_task(pool.run(lambda: jobs.job("other"))),
+        asyncio.create_task(pool.run(lambda: jobs.job("early"), early)),
+    ]
+    await asyncio.sleep(0)
+    early.promote()  # the turn ended at that pause
+    jobs.release.set()
+    assert await asyncio.gather(first, *queued) == ["first", "other", "early"]
+    assert jobs.ran == ["first", "early", "other"]
     pool.shutdown()

@@ -85,6 +85,15 @@ def test_shared_returns_one_model_per_settings(tiny: SpeechToText) -> None:
     assert SpeechToText.shared(STTSettings(workers=1)) is other
 
 
+def test_window_modes_share_one_loaded_model_and_its_workers(tiny: SpeechToText) -> None:
+    full = SpeechToText.shared(STTSettings(window="full"))
+    assert full is not tiny and full.settings.encoder_window == "full"
+    assert tiny.settings.encoder_window == "fit"  # "auto" on tiny.en
+    assert full._model is tiny._model and full._workers is tiny._workers
+    said = espeak("What time do you open tomorrow?")
+    assert words(full.transcribe_blocking(said).text) >= {"time", "open", "tomorrow"}
+
+
 def test_empty_audio_is_an_empty_transcript(tiny: SpeechToText) -> None:
     transcript = tiny.transcribe_blocking(np.zeros(0, dtype=np.int16))
 

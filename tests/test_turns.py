@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from tests.speech import RATE, concat, espeak, noise, silence
 T0 = 1000.0  # arbitrary monotonic origin: nothing may assume the clock starts at zero
 BOOKING = "I would like to book a table, for two people, at seven"
 Event = TurnEvent
+Pushed = tuple[int, TurnEvent]
 
 
 def run(
@@ -284,3 +286,67 @@ def test_pause_off_gives_no_pause_events() -> None:
     pcm = concat(silence(500), espeak("Book me a taxi"), silence(1000))
     events = run(TurnDetector(TurnSettings(pause_ms=0)), pcm, pauses=True)
     assert kinds(events) == ["SpeechStarted", "TurnSegment"]
+
+
+def feed_until_pause(detector: TurnDetector, pcm: np.ndarray) -> tuple[int, TurnPause]:
+    """Push 20 ms chunks until the first TurnPause; (samples pushed, the pause)."""
+    for pushed, event in run_lazily(detector, pcm):
+        if isinstance(event, TurnPause):
+            return pushed, event
+    raise AssertionError("no pause")
+
+
+def run_lazily(detector: TurnDetector, pcm: np.ndarray, start: int = 0) -> Iterator[Pushed]:
+    for begin in range(start, len(pcm), 320):
+        piece = pcm[begin : begin + 320]
+        for event in detector.push(piece, T0 + (begin + len(piece)) / RATE):
+            yield begin + len(piece), event
+
+
+def test_a_finished_sounding_pause_ends_the_turn_sooner() -> None:
+    said = concat(silence(500), espeak("Book me a taxi"), silence(1000))
+    pcm = concat(said, espeak("and a hotel"), silence(1000))
+    detector = TurnDetector()
+    paused_after, pause = feed_until_pause(detector, pcm)
+    assert detector.hasten(pause.end_position, 300) is None  # silent for only ~200 ms so far
+    events = list(run_lazily(detector, pcm, paused_after))
+    (ended_after, turn), (next_after, next_turn) = [
+        (n, e) for n, e in events if isinstance(e, TurnSegment)
+    ]
+
+    assert isinstance(turn, TurnSegment) and turn.end_position == pause.end_position
+    assert np.array_equal(turn.audio, pause.audio)
+    assert (ended_after - pause.end_position) / RATE == pytest.approx(0.3, abs=0.04)
+    # The next turn waits the whole end_silence_ms again.
+    assert isinstance(next_turn, TurnSegment)
+    assert (next_after - next_turn.end_position) / RATE == pytest.approx(0.5, abs=0.04)
+
+
+def test_hastened_past_its_silence_the_turn_ends_at_once() -> None:
+    pcm = concat(silence(500), espeak("Book me a taxi"), silence(1000))
+    detector = TurnDetector()
+    _, pause = feed_until_pause(detector, pcm)
+    turn = detector.hasten(pause.end_position, 100)  # the transcript came after 100 ms
+
+    assert isinstance(turn, TurnSegment) and turn.end_position == pause.end_position
+    assert detector.hasten(pause.end_position, 100) is None  # that turn is over
+
+
+def test_hastening_a_pause_the_caller_spoke_after_changes_nothing() -> None:
+    first, rest = espeak("I would like"), espeak("a table for two")
+    pcm = concat(silence(500), first, silence(100), rest, silence(1000))
+    detector = TurnDetector()
+    paused_after, stale = feed_until_pause(detector, pcm)
+    resumed_after = next(
+        n for n, e in run_lazily(detector, pcm, paused_after) if isinstance(e, SpeechResumed)
+    )
+    # The transcript of that pause arrives after the caller went on.
+    assert detector.hasten(stale.end_position, 100) is None
+    segments = [
+        (n, e) for n, e in run_lazily(detector, pcm, resumed_after) if isinstance(e, TurnSegment)
+    ]
+
+    assert len(segments) == 1
+    ended_after, turn = segments[0]
+    assert isinstance(turn, TurnSegment) and turn.end_position > stale.end_position
+    assert (ended_after - turn.end_position) / RATE == pytest.approx(0.5, abs=0.04)
