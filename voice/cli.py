@@ -10,7 +10,7 @@ import statistics
 import sys
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 import uvicorn
@@ -238,8 +238,22 @@ def wer(
         list[str] | None, typer.Option(help="Whisper model to measure; repeat [default: both]")
     ] = None,
     verbose: Annotated[bool, typer.Option(help="Print every transcript")] = False,
+    window: Annotated[
+        Literal["fit", "full"] | None,
+        typer.Option(help="Encoder window [default: each model's own, as the server's]"),
+    ] = None,
 ) -> None:
     """Word error rate of the STT models on clean and telephone (8 kHz μ-law) speech."""
     from voice.wer_study import print_study
 
-    print_study(tuple(model or ("tiny.en", "base")), verbose=verbose)
+    print_study(tuple(model or ("tiny.en", "base")), verbose=verbose, window=window)
+
+
+@app.command("endpoint-study")
+def endpoint_study(
+    verbose: Annotated[bool, typer.Option(help="Print every split")] = False,
+) -> None:
+    """How often single caller turns are split in two, by end-of-turn setting (200 turns)."""
+    from voice.endpoint_study import print_study
+
+    print_study(verbose=verbose)

@@ -349,7 +349,7 @@ def print_study(
         f"\n{len(UTTERANCES)} utterances ({len(PHRASES)} phrases x {len(SPEAKERS)} speakers), "
         f"{TAIL_MS} ms of silence after each; 20 ms frames, simulated clock; early end at the "
         f"simulated arrival of the pause's transcript (Whisper {defaults.model}, the server's "
-        f"default window: {defaults.window})\n",
+        f"phone window: {defaults.encoder_window})\n",
         file=stream,
     )
     print(report.table(), file=stream)
