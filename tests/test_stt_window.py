@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 import time
@@ -22,7 +23,8 @@ from pipeline.stt_window import (
     repeated_run,
     window_for,
 )
-from tests.speech import RATE, concat, espeak, noise, piper, silence
+from tests.speech import RATE, concat, espeak, noise, silence
+from voice.audio import resample
 from voice.wer import word_errors
 
 SENTENCES = (
@@ -31,6 +33,21 @@ SENTENCES = (
     "Please transfer me to the billing department.",
     "Is parking included in the price?",
 )
+
+
+@functools.cache
+def _steady_piper(text: str) -> np.ndarray:
+    from pipeline.tts import TextToSpeech, TTSSettings
+
+    voice = TextToSpeech.shared(TTSSettings(noise_scale=0.0, noise_w_scale=0.0))
+    return resample(voice.synthesize_blocking(text), voice.sample_rate, RATE)
+
+
+def piper(text: str) -> np.ndarray:
+    """`text` in piper's bundled voice without its random variation (noise scales 0), so that
+    every run hears the same audio: with piper's default noise, "Please transfer me" came out
+    of the fitted window as "Place transfer meet" in 2 processes of 6, the 30 s window never."""
+    return _steady_piper(text).copy()
 
 
 def words(text: str) -> list[str]:
