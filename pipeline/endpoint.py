@@ -7,7 +7,7 @@ hanging (a conjunction, article, possessive, a preposition that does not end sen
 ("Okay, thanks.", "Yes.", "Hello?", "No, sorry."). If so, the server may end the turn after
 `TurnSettings.finished_silence_ms` instead of `end_silence_ms` (`TurnDetector.hasten`).
 
-Measured with `python -m voice.endpoint_study` (200 single caller turns with comma pauses and
+Measured with `hotline endpoint-study` (200 single caller turns with comma pauses and
 sentence stops: 10 phrases x 6 espeak-ng voices at 130/160/200 wpm and piper's joe, normal and
 fast; 20 ms frames on a simulated clock; the transcript of each pause arrives after its measured
 inference time on 2 busy cores). Split: share of turns heard as two or more; delay: endpoint

@@ -16,9 +16,9 @@ length. "fit" encodes the audio in a window sized to it (audio + 4 s of silence,
 to 10, 15, 20 or 30 s; `pipeline.stt_window`), and falls back to the full path when the audio
 is longer than 26 s or silent, or when the fitted window's text has no words or looks like a
 repetition loop. The server uses "fit" on phone calls and "full" on WebRTC calls (through
-Chrome, "fit" misheard the browser test's "a taxi"; `voice.settings.WidebandSTTSettings`).
+Chrome, "fit" misheard the browser test's "a taxi"; `voice.server.settings.WidebandSTTSettings`).
 Measured with the WER study
-(`python -m voice.wer_study --window fit|full`: 200 utterances of 1.5–6.3 s, clean and over an
+(`hotline wer --window fit|full`: 200 utterances of 1.5–6.3 s, clean and over an
 8 kHz μ-law line, one at a time, 2 cores, int8, beam 1; median/p95 of 400 turns on the
 quietest run): tiny.en 70/81 ms fitted vs 420/445 ms full, base 144/171 ms vs 927/1017 ms;
 1–3 turns in 400 were retried in the 30 s window (their time is the sum of both). Word error

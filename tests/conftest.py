@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from voice.webrtc import restrict_ice_host_addresses
+from voice.transports.webrtc import restrict_ice_host_addresses
 
 # aioice leaves 127.0.0.1 out of its host candidates; every peer in the tests stays on loopback.
 restrict_ice_host_addresses(["127.0.0.1"])

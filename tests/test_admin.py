@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import Server, start_server, stop_server
 from tests.speech import concat, piper, silence
-from voice.phone_caller import place_twilio_call, twilio_sid
+from voice.devtools.phone_caller import place_twilio_call, twilio_sid
 
 pytestmark = pytest.mark.slow
 

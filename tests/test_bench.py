@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import Server
-from voice.bench import (
+from voice.devtools.bench import (
     DELIVERY,
     BenchReport,
     CallSample,
@@ -21,7 +21,7 @@ from voice.bench import (
     summarize,
     twilio_stream_url,
 )
-from voice.caller import CallerTurn, CallResult
+from voice.devtools.webrtc_caller import CallerTurn, CallResult
 
 
 def test_percentiles_interpolate_between_ranks() -> None:

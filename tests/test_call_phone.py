@@ -11,7 +11,7 @@ import pytest
 from pipeline.stt import SpeechToText
 from tests.conftest import Server
 from tests.speech import concat, piper, silence
-from voice.phone_caller import place_twilio_call
+from voice.devtools.phone_caller import place_twilio_call
 
 pytestmark = pytest.mark.slow
 

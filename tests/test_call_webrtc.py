@@ -12,7 +12,7 @@ import pytest
 from pipeline.stt import SpeechToText
 from tests.conftest import Server
 from tests.speech import concat, espeak, silence
-from voice.caller import place_call
+from voice.devtools.webrtc_caller import place_call
 
 pytestmark = pytest.mark.slow
 
@@ -119,7 +119,7 @@ async def test_a_caller_who_never_connects_is_hung_up(server: Server) -> None:
     """An offer whose answer is never applied: the server gives up after its connect timeout."""
     from aiortc import RTCPeerConnection
 
-    from voice.caller import CallerMicrophone
+    from voice.devtools.webrtc_caller import CallerMicrophone
 
     pc = RTCPeerConnection()
     pc.addTrack(CallerMicrophone())

@@ -3,8 +3,9 @@
 Workers A and B (real `hotline serve` processes, API token set, cluster limit 5, heartbeat
 0.5 s, worker TTL 1.5 s) are started once for the module on a Redis with an append-only file;
 the destructive tests (SIGKILL, SIGTERM) start a worker of their own next to them. The caller is
-the faithful Twilio phone (`voice.phone_caller.TwilioPhone`) speaking natural test speech. Waits
-are on conditions, bounded; the only timing asserted is the issue's "lost within twice the
+the faithful Twilio phone (`voice.devtools.phone_caller.TwilioPhone`) speaking natural test
+speech. Waits are on conditions, bounded; the only timing asserted is the issue's "lost within
+twice the
 worker TTL" after a SIGKILL.
 """
 
@@ -33,9 +34,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from tests.conftest import Server, start_server
 from tests.redis_server import RedisServer
 from tests.speech import concat, piper, silence
-from voice.caller import first_audible_after, silent_for_after, voiced_span
-from voice.phone_caller import DEFAULT_CALLEE, DEFAULT_CALLER, TwilioPhone, twilio_sid
-from voice.twilio import (
+from voice.devtools.phone_caller import DEFAULT_CALLEE, DEFAULT_CALLER, TwilioPhone, twilio_sid
+from voice.devtools.webrtc_caller import first_audible_after, silent_for_after, voiced_span
+from voice.transports.phone.twilio import (
     CALLEE_PARAMETER,
     CALLER_PARAMETER,
     SIGNATURE_HEADER,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pipeline.endpoint import sounds_finished
 from pipeline.turns import TurnSettings
-from voice.endpoint_study import Ear, Setting, Utterance, run_study, simulate
-from voice.wer_study import Voice
+from voice.devtools.endpoint_study import Ear, Setting, Utterance, run_study, simulate
+from voice.devtools.wer_study import Voice
 
 # espeak-ng stops ~420 ms between these two sentences at 160 wpm: a split at 300 or 400 ms of
 # end silence, not at 500.

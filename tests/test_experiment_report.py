@@ -1,4 +1,4 @@
-"""Tests for voice.experiment_report: per-arm summaries, cluster bootstrap, text/CSV/PNG output."""
+"""Tests for voice.experiments.report: per-arm summaries, cluster bootstrap, text/CSV/PNG output."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from voice.experiment_report import (
+from voice.experiments.report import (
     CSV_COLUMNS,
     _weighted_percentile,
     build_report,

@@ -1,5 +1,5 @@
 """Experiments through the real pipeline (turn detector, faster-whisper, piper, the controller
-and router) against the tier simulator over real HTTP: `voice.experiment_sim`."""
+and router) against the tier simulator over real HTTP: `voice.experiments.simulate`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from voice.cli import app
-from voice.experiment_report import build_report, render_report
-from voice.experiment_sim import Simulation, TierChange, load_simulation, simulate
-from voice.experiments import Arm, Experiment
+from voice.cli.main import app
+from voice.experiments.arms import Arm, Experiment
+from voice.experiments.report import build_report, render_report
+from voice.experiments.simulate import Simulation, TierChange, load_simulation, simulate
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from voice.experiments import Arm, Experiment, load_experiment
+from voice.experiments.arms import Arm, Experiment, load_experiment
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "experiments"
 

@@ -23,8 +23,8 @@ from pipeline.stt import SpeechToText
 from tests.conftest import Server, start_server, stop_server
 from tests.redis_server import RedisServer
 from tests.speech import concat, espeak, silence
-from voice.caller import place_call
-from voice.experiments import Experiment
+from voice.devtools.webrtc_caller import place_call
+from voice.experiments.arms import Experiment
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -26,8 +26,8 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.speech import concat, silence
 from voice.audio import rms
-from voice.phone_caller import place_twilio_call
-from voice.twilio import (
+from voice.devtools.phone_caller import place_twilio_call
+from voice.transports.phone.twilio import (
     Media,
     Start,
     TwilioProtocol,

@@ -14,8 +14,8 @@ import numpy as np
 from starlette.websockets import WebSocket
 
 from pipeline.transport import HangUp
-from voice.telephony import PhoneStream
-from voice.twilio import Start, TwilioProtocol
+from voice.transports.phone.stream import PhoneStream
+from voice.transports.phone.twilio import Start, TwilioProtocol
 
 
 class StalledSocket:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from voice.audio import mulaw_decode, mulaw_encode
-from voice.telnyx import REORDER_WINDOW, TelnyxProtocol
-from voice.twilio import (
+from voice.transports.phone.telnyx import REORDER_WINDOW, TelnyxProtocol
+from voice.transports.phone.twilio import (
     Dtmf,
     Ignored,
     MarkPlayed,
@@ -27,7 +27,7 @@ from voice.twilio import (
     stream_twiml,
     twilio_signature,
 )
-from voice.vonage import VonageProtocol
+from voice.transports.phone.vonage import VonageProtocol
 
 
 def tone(samples: int, rate: int = 8000, level: int = 6000) -> np.ndarray:

@@ -18,9 +18,9 @@ import pytest
 
 from pipeline.records import TurnRecord
 from tests.redis_server import RedisServer
-from voice.redis_store import connect
-from voice.session_records import CallInfo, NoAck, SessionSettings, UnknownCall, WorkerInfo
-from voice.sessions import Sessions
+from voice.cluster.records import CallInfo, NoAck, SessionSettings, UnknownCall, WorkerInfo
+from voice.cluster.sessions import Sessions
+from voice.cluster.store import connect
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,7 +102,7 @@ async def states(sessions: Sessions, call_id: str) -> list[str]:
 
 
 async def test_embedded_store_says_so(open_worker: Open, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, "voice.sessions"):
+    with caplog.at_level(logging.INFO, "voice.cluster.sessions"):
         a = await open_worker("a")
     assert a.embedded == (a.settings.redis_url is None)
     assert ("in-process store" in caplog.text) == a.embedded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from voice.settings import IceServer, Settings
+from voice.server.settings import IceServer, Settings
 
 
 def test_defaults_work_offline() -> None:

@@ -21,7 +21,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import Server, logged, start_server, stop_server
 from tests.test_call_providers import TelnyxWire, VonageWire, Wire
-from voice.caller import CallerMicrophone
+from voice.devtools.webrtc_caller import CallerMicrophone
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,10 @@ import logging
 import pytest
 from pydantic import SecretStr
 
-from voice.app import _warn_if_exposed
-from voice.calls import valid_call_id
-from voice.settings import Settings, TelephonySettings
-from voice.stream_tokens import InvalidToken, StreamTokens
+from voice.server.app import _warn_if_exposed
+from voice.server.calls import valid_call_id
+from voice.server.settings import Settings, TelephonySettings
+from voice.transports.phone.tokens import InvalidToken, StreamTokens
 
 
 class Clock:
@@ -109,7 +109,7 @@ def test_the_stream_secret_falls_back_to_the_api_token_then_twilios() -> None:
 def test_an_exposed_worker_without_secrets_says_so_loudly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="voice.app"):
+    with caplog.at_level(logging.WARNING, logger="voice.server.app"):
         _warn_if_exposed(Settings(host="127.0.0.1"))
         assert not caplog.records
         _warn_if_exposed(Settings(host="0.0.0.0"))
@@ -117,6 +117,6 @@ def test_an_exposed_worker_without_secrets_says_so_loudly(
     assert len(said) == 2 and all(m.startswith("SECURITY:") for m in said)
     assert "HOTLINE_API_TOKEN" in said[0] and "/twilio/stream" in said[1]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="voice.app"):
+    with caplog.at_level(logging.WARNING, logger="voice.server.app"):
         _warn_if_exposed(Settings(host="0.0.0.0", api_token=SecretStr("t")))
     assert not caplog.records  # the API token also keys the stream tokens

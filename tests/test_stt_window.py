@@ -25,7 +25,7 @@ from pipeline.stt_window import (
 )
 from tests.speech import RATE, concat, espeak, noise, silence
 from voice.audio import resample
-from voice.wer import word_errors
+from voice.devtools.wer import word_errors
 
 SENTENCES = (
     "Hi, I would like to book a table for four people tonight.",

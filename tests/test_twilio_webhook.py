@@ -14,7 +14,7 @@ import pytest
 import websockets
 
 from tests.conftest import Server, logged, start_server, stop_server
-from voice.twilio import twilio_signature
+from voice.transports.phone.twilio import twilio_signature
 
 pytestmark = pytest.mark.slow
 

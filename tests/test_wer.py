@@ -8,14 +8,14 @@ import pytest
 
 from pipeline.stt import SpeechToText
 from tests.speech import RATE, concat, espeak, silence
-from voice.wer import (
+from voice.devtools.wer import (
     WordErrors,
     normalize,
     telephone,
     word_error_rate,
     word_errors,
 )
-from voice.wer_study import CORPUS, VOICES, StudyReport, Trial, run_study
+from voice.devtools.wer_study import CORPUS, VOICES, StudyReport, Trial, run_study
 
 # -- word error rate ------------------------------------------------------------------------
 

@@ -1,3 +1,3 @@
-from voice.cli import app
+from voice.cli.main import app
 
 app()

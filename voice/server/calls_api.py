@@ -14,9 +14,9 @@ from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
-from voice.calls import Switchboard
-from voice.session_records import NoAck, SessionsUnavailable, UnknownCall
-from voice.sessions import Sessions
+from voice.cluster.records import NoAck, SessionsUnavailable, UnknownCall
+from voice.cluster.sessions import Sessions
+from voice.server.calls import Switchboard
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
-from voice.api import authorized, error, read_json_body, unauthorized
-from voice.experiment_report import build_report, render_report
-from voice.experiments import Experiment, ExperimentStore, experiment_records, to_jsonl
-from voice.redis_store import DOWN
+from voice.cluster.store import DOWN
+from voice.experiments.arms import Experiment, ExperimentStore, experiment_records, to_jsonl
+from voice.experiments.report import build_report, render_report
+from voice.server.calls_api import authorized, error, read_json_body, unauthorized
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from pipeline.transport import (
     until_hang_up,
 )
 from voice.audio import StreamResampler
-from voice.twilio import Dtmf as WireDtmf
-from voice.twilio import (
+from voice.transports.phone.twilio import Dtmf as WireDtmf
+from voice.transports.phone.twilio import (
     Ignored,
     MarkPlayed,
     Media,

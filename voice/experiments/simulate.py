@@ -44,7 +44,7 @@ from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE, AudioIn, HangUp,
 from pipeline.tts import TextToSpeech, TTSSettings
 from pipeline.turns import TurnSettings
 from voice.audio import frames, resample
-from voice.experiments import Arm, Experiment
+from voice.experiments.arms import Arm, Experiment
 
 log = logging.getLogger(__name__)
 

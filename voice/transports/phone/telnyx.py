@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from voice.twilio import (
+from voice.transports.phone.twilio import (
     PCM,
     Dtmf,
     Ignored,

@@ -25,18 +25,31 @@ from pipeline.routing import TierRouter
 from pipeline.simulator import running_simulator
 from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
-from voice import metrics
-from voice.api import authorized, calls_api, error, read_body, read_json_body, unauthorized
-from voice.calls import CallsFull, Switchboard, valid_call_id
-from voice.experiments import load_experiment
-from voice.experiments_api import experiments_api
-from voice.session_records import SessionsUnavailable, WorkerInfo
-from voice.sessions import Sessions
-from voice.settings import Settings
-from voice.stream_tokens import InvalidToken, StreamTokens
-from voice.telephony import BadMessages, PhoneStream, ProtocolFactory, pump, wait_for_start
-from voice.telnyx import TelnyxProtocol
-from voice.twilio import (
+from voice.cluster.records import SessionsUnavailable, WorkerInfo
+from voice.cluster.sessions import Sessions
+from voice.experiments.arms import load_experiment
+from voice.server import metrics
+from voice.server.calls import CallsFull, Switchboard, valid_call_id
+from voice.server.calls_api import (
+    authorized,
+    calls_api,
+    error,
+    read_body,
+    read_json_body,
+    unauthorized,
+)
+from voice.server.experiments_api import experiments_api
+from voice.server.settings import Settings
+from voice.transports.phone.stream import (
+    BadMessages,
+    PhoneStream,
+    ProtocolFactory,
+    pump,
+    wait_for_start,
+)
+from voice.transports.phone.telnyx import TelnyxProtocol
+from voice.transports.phone.tokens import InvalidToken, StreamTokens
+from voice.transports.phone.twilio import (
     STREAM_TOKEN_PARAMETER,
     Start,
     TwilioProtocol,
@@ -44,8 +57,8 @@ from voice.twilio import (
     signature_is_valid,
     stream_twiml,
 )
-from voice.vonage import VonageProtocol
-from voice.webrtc import WebRTCCall, restrict_ice_host_addresses, shorten_jitter_buffer
+from voice.transports.phone.vonage import VonageProtocol
+from voice.transports.webrtc import WebRTCCall, restrict_ice_host_addresses, shorten_jitter_buffer
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from websockets.exceptions import ConnectionClosed
 
 from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
 from voice.audio import StreamResampler, mulaw_decode, mulaw_encode, rms
-from voice.caller import (
+from voice.devtools.webrtc_caller import (
     AUDIBLE_RMS,
     CallerTurn,
     CallResult,
@@ -42,7 +42,12 @@ from voice.caller import (
     silent_for_after,
     voiced_span,
 )
-from voice.twilio import CALLEE_PARAMETER, CALLER_PARAMETER, SIGNATURE_HEADER, twilio_signature
+from voice.transports.phone.twilio import (
+    CALLEE_PARAMETER,
+    CALLER_PARAMETER,
+    SIGNATURE_HEADER,
+    twilio_signature,
+)
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +105,7 @@ class TwilioPhone:
         self.account_sid = account_sid
         self.stream_sid = twilio_sid("MZ")
         self.parameters = dict(parameters)
-        self.ear = _Ear()  # played frames, in the shape voice/caller.py measures
+        self.ear = _Ear()  # played frames, in the shape voice/devtools/webrtc_caller.py measures
         self.received: list[ServerMessage] = []
         self.marks_echoed: list[tuple[float, str]] = []
         self.violations: list[str] = []
@@ -355,7 +360,8 @@ async def _converse(
     reply_timeout_s: float,
     quiet_s: float,
 ) -> None:
-    """Speak each utterance as a turn (as `voice.caller.place_call` does), keys after the first."""
+    """Speak each utterance as a turn (as `voice.devtools.webrtc_caller.place_call` does), keys
+    after the first."""
     pressed = not dtmf
     for index, pcm in enumerate(utterances):
         interrupting = (
@@ -446,8 +452,9 @@ async def place_twilio_call(
     `customParameters`, with `from`/`to` numbers added) or the server's http(s) base URL, in
     which case the incoming-call webhook is asked first (signed with `auth_token` if given) and
     the stream and parameters come from its TwiML, exactly as with Twilio. Turn-taking and
-    `barge_in_after_ms` work as in `voice.caller.place_call`; `dtmf` keys are pressed after the
-    first reply. With `auth_token`, the stream's handshake is signed too, as Twilio signs it.
+    `barge_in_after_ms` work as in `voice.devtools.webrtc_caller.place_call`; `dtmf` keys are
+    pressed after the first reply. With `auth_token`, the stream's handshake is signed too, as
+    Twilio signs it.
     Ends with `stop` and closes the socket.
     """
     custom = {CALLER_PARAMETER: DEFAULT_CALLER, CALLEE_PARAMETER: DEFAULT_CALLEE}

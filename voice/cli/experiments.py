@@ -56,7 +56,7 @@ def _report(
     reference: str | None,
     resamples: int,
 ) -> None:
-    from voice.experiment_report import build_report, plot_report, render_report, write_csv
+    from voice.experiments.report import build_report, plot_report, render_report, write_csv
 
     try:
         report = build_report(records, name, reference=reference, resamples=resamples)
@@ -95,10 +95,10 @@ def simulate(
     log_level: Annotated[str, typer.Option()] = "warning",
 ) -> None:
     """Replay utterances through the real pipeline against the tier simulator, for every arm."""
-    from voice.cli import _logging
-    from voice.experiment_sim import load_simulation, simulate
+    from voice.cli.logs import setup_logging
+    from voice.experiments.simulate import load_simulation, simulate
 
-    _logging(log_level)
+    setup_logging(log_level)
     try:
         sim = load_simulation(config)
     except ValueError as exc:
@@ -149,7 +149,7 @@ def report(
 
     Differences between arms come with bootstrap confidence intervals (resampling calls).
     """
-    from voice.experiment_report import load_jsonl
+    from voice.experiments.report import load_jsonl
 
     records: list[dict[str, Any]]
     if jsonl is not None:
@@ -169,9 +169,9 @@ def report(
 
 
 async def _from_redis(url: str, prefix: str, name: str) -> list[dict[str, Any]]:
-    from voice.experiments import ExperimentStore, experiment_records
-    from voice.redis_store import DOWN, connect
-    from voice.session_records import SessionSettings
+    from voice.cluster.records import SessionSettings
+    from voice.cluster.store import DOWN, connect
+    from voice.experiments.arms import ExperimentStore, experiment_records
 
     client = connect(SessionSettings(redis_url=url))
     try:
@@ -189,7 +189,7 @@ def start(
     token: TokenOption = None,
 ) -> None:
     """Start an experiment on a running cluster: new calls are assigned to its arms."""
-    from voice.experiments import load_experiment
+    from voice.experiments.arms import load_experiment
 
     try:
         experiment = load_experiment(config)

@@ -3,10 +3,11 @@
 - `CORPUS` and `VOICES`: short caller-like sentences, spoken on the fly by several espeak-ng
   voices and piper's bundled joe voice.
 - `run_study(...)` → `StudyReport` (`.table()` renders Markdown), `print_study(...)` for the CLI
-  (`hotline wer`, or `python -m voice.wer_study [-v] [--window fit|full] [--model NAME ...]`:
+  (`hotline wer`, or `python -m voice.devtools.wer_study [-v] [--window fit|full]
+  [--model NAME ...]`:
   `--window` compares the fitted encoder window with Whisper's full 30 s one).
 
-The metric and the phone line are in `voice.wer`. Corpus WER is total edits over total
+The metric and the phone line are in `voice.devtools.wer`. Corpus WER is total edits over total
 reference words (not a mean of per-utterance rates).
 """
 
@@ -21,7 +22,7 @@ from typing import Literal, TextIO
 import numpy as np
 
 from voice.audio import PCM, espeak, resample
-from voice.wer import RATE, WordErrors, telephone, word_errors
+from voice.devtools.wer import RATE, WordErrors, telephone, word_errors
 
 # -- corpus and voices ---------------------------------------------------------------------
 
@@ -385,7 +386,7 @@ def print_study(
 
 
 if __name__ == "__main__":
-    # python -m voice.wer_study [-v] [--window fit|full] [--model NAME ...]
+    # python -m voice.devtools.wer_study [-v] [--window fit|full] [--model NAME ...]
     args = sys.argv[1:]
     after = {arg: args[i + 1] for i, arg in enumerate(args[:-1])}
     mode = after.get("--window")

@@ -32,7 +32,7 @@ from rich.text import Text
 
 from pipeline.records import STAGES
 from voice.audio import PCM, espeak, read_wav
-from voice.caller import CallResult
+from voice.devtools.webrtc_caller import CallResult
 
 log = logging.getLogger(__name__)
 
@@ -285,10 +285,10 @@ class _Bench:
 
     async def place(self, utterances: list[PCM]) -> CallResult:
         if self.transport == "twilio":
-            from voice.phone_caller import place_twilio_call
+            from voice.devtools.phone_caller import place_twilio_call
 
             return await place_twilio_call(twilio_stream_url(self.url), utterances)
-        from voice.caller import place_call
+        from voice.devtools.webrtc_caller import place_call
 
         return await place_call(self.url, utterances)
 

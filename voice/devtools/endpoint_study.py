@@ -8,8 +8,9 @@ turn takes, with and without ending a turn early when its early transcript sound
   the real `SpeechToText` (`Ear`, cached per audio) and, as the server does, when
   `sounds_finished(text)` the detector is told `hasten(...)` at the simulated moment the
   transcript arrives (the pause's time + the measured inference time).
-- `run_study(...)` → `StudyReport` (`.table()` renders Markdown); `python -m voice.endpoint_study
-  [-v] [--window fit|full ...]` runs it all (both windows unless told).
+- `run_study(...)` → `StudyReport` (`.table()` renders Markdown); `python -m
+  voice.devtools.endpoint_study [-v] [--window fit|full ...]` runs it all (both windows unless
+  told).
 
 A turn is wrongly split when it yields more than one `TurnSegment`; the endpoint delay is the
 last segment's `detected_at - speech_ended_at`. The results, and what they mean for
@@ -34,7 +35,7 @@ from pipeline.endpoint import sounds_finished
 from pipeline.stt import STTSettings
 from pipeline.turns import TurnDetector, TurnPause, TurnSegment, TurnSettings
 from voice.audio import PCM, frames
-from voice.wer_study import VOICES, Voice
+from voice.devtools.wer_study import VOICES, Voice
 
 RATE = 16_000
 FRAME = RATE * 20 // 1000
@@ -365,7 +366,7 @@ def print_study(
 
 
 if __name__ == "__main__":
-    # python -m voice.endpoint_study [-v] [--window fit|full ...]
+    # python -m voice.devtools.endpoint_study [-v] [--window fit|full ...]
     args = sys.argv[1:]
     chosen = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--window"]
     if any(w not in ("fit", "full") for w in chosen):

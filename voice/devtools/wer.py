@@ -9,7 +9,8 @@ metric and that channel:
 - `telephone(pcm16k)`: the phone line (band-pass, 16 kHz → 8 kHz, μ-law round trip, back to
   16 kHz with the server's own `StreamResampler`).
 
-The corpus, the voices and the study of the bundled Whisper models are in `voice.wer_study`.
+The corpus, the voices and the study of the bundled Whisper models are in
+`voice.devtools.wer_study`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ import logging
 import signal
 import socket
 import statistics
-import sys
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any, Literal
@@ -16,42 +15,17 @@ import typer
 import uvicorn
 from fastapi import FastAPI
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.table import Table
 
-from voice.bench import bench_command
-from voice.experiments_cli import experiments_app
-from voice.soak import soak_command
+from voice.cli.experiments import experiments_app
+from voice.cli.logs import setup_logging
+from voice.devtools.bench import bench_command
+from voice.devtools.soak import soak_command
 
 app = typer.Typer(
     help="Hotline: self-hosted real-time voice AI telephony server.", no_args_is_help=True
 )
 console = Console()
-
-
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(32), 127)}
-
-
-class OneLineFormatter(logging.Formatter):
-    """Each record's message on one line: control characters a caller sent (a call id with a
-    newline, a URL with %0A) are escaped, so nobody can forge a log line. Tracebacks, added
-    after the message, keep their lines."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        return super().formatMessage(record).translate(_CONTROL)
-
-
-def _logging(level: str) -> None:
-    """Rich output on a terminal, one plain line per record otherwise (logs, CI, tests)."""
-    handler: logging.Handler
-    if sys.stderr.isatty():
-        handler = RichHandler(console=Console(stderr=True), show_path=False)
-        fmt = "%(name)s: %(message)s"
-    else:
-        handler = logging.StreamHandler()
-        fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    handler.setFormatter(OneLineFormatter(fmt))
-    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 class DrainingServer(uvicorn.Server):
@@ -84,7 +58,7 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
     def _start_drain(self) -> None:
-        from voice.app import drain_then_exit
+        from voice.server.app import drain_then_exit
 
         self.app.state.drain_task = asyncio.create_task(drain_then_exit(self.app))
 
@@ -98,10 +72,10 @@ def serve(
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
     """Run the server: softphone page at /, WebRTC offers at /offer."""
-    from voice.app import create_app
-    from voice.settings import Settings
+    from voice.server.app import create_app
+    from voice.server.settings import Settings
 
-    _logging(log_level)
+    setup_logging(log_level)
     overrides: dict[str, object] = {}
     if host is not None:
         overrides["host"] = host
@@ -149,10 +123,10 @@ def call(
     import httpx
 
     from voice.audio import read_wav, write_wav
-    from voice.caller import CallResult, place_call
-    from voice.phone_caller import place_twilio_call
+    from voice.devtools.phone_caller import place_twilio_call
+    from voice.devtools.webrtc_caller import CallResult, place_call
 
-    _logging(log_level)
+    setup_logging(log_level)
     utterances = [read_wav(path) for path in wav]
     if twilio is not None:  # the calls API lives on the server that took the Twilio call
         base = twilio.replace("wss://", "https://").replace("ws://", "http://")
@@ -223,7 +197,7 @@ def llm_sim(
     """Run the OpenAI-compatible tier simulator on its own (replies are simulated)."""
     from pipeline.simulator import serve_simulator
 
-    _logging(log_level)
+    setup_logging(log_level)
     serve_simulator(host, port)
 
 
@@ -244,7 +218,7 @@ def wer(
     ] = None,
 ) -> None:
     """Word error rate of the STT models on clean and telephone (8 kHz μ-law) speech."""
-    from voice.wer_study import print_study
+    from voice.devtools.wer_study import print_study
 
     print_study(tuple(model or ("tiny.en", "base")), verbose=verbose, window=window)
 
@@ -254,6 +228,6 @@ def endpoint_study(
     verbose: Annotated[bool, typer.Option(help="Print every split")] = False,
 ) -> None:
     """How often single caller turns are split in two, by end-of-turn setting (200 turns)."""
-    from voice.endpoint_study import print_study
+    from voice.devtools.endpoint_study import print_study
 
     print_study(verbose=verbose)

@@ -20,7 +20,7 @@ from pipeline.simulator import SimulatorSettings
 from pipeline.stt import STTSettings
 from pipeline.tts import TTSSettings
 from pipeline.turns import TurnSettings
-from voice.session_records import SessionSettings
+from voice.cluster.records import SessionSettings
 
 
 class IceServer(BaseModel):
@@ -55,7 +55,7 @@ class TelephonySettings(BaseModel):
     # The server's public base URL as the provider sees it (e.g. https://voice.example.com),
     # used for signatures and the stream URL; by default taken from the request's headers.
     public_url: str | None = None
-    # Key of the media streams' admission tokens (voice/stream_tokens.py); shared by every
+    # Key of the media streams' admission tokens (voice/transports/phone/tokens.py); shared by every
     # worker. Unset: derived from the API token, else from the Twilio auth token; with none of
     # the three, streams need no token (local development only: anyone may place calls).
     stream_secret: SecretStr | None = None
@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     # How calls that are in no experiment choose tier and effort (default: adaptive, within
     # the controller's budget). E.g. HOTLINE_POLICY='{"policy": "fixed", "effort": "low"}'.
     policy: Policy = Field(default_factory=Policy)
-    # An experiment to run from start-up (YAML or JSON; see voice/experiments.py and README).
+    # An experiment to run from start-up (YAML or JSON; see voice/experiments/arms.py and README).
     experiment_file: str | None = None
     simulator: SimulatorSettings = Field(default_factory=SimulatorSettings)
     turns: TurnSettings = Field(default_factory=TurnSettings)

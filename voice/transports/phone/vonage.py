@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 
-from voice.twilio import (
+from voice.transports.phone.twilio import (
     PCM,
     Dtmf,
     Ignored,

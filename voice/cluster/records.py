@@ -1,5 +1,5 @@
 """What the cluster registry holds: its settings, worker and call records, admission results
-and errors. `voice.sessions` keeps them in Redis."""
+and errors. `voice.cluster.sessions` keeps them in Redis."""
 
 from __future__ import annotations
 

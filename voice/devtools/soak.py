@@ -1,12 +1,13 @@
 """`hotline soak`: many short phone calls in a row against a running server, and its memory.
 
 A developer tool for leaks. Each call plays Twilio's part of a Media Stream with the faithful
-Twilio phone of `voice.phone_caller` (`connected`, `start` with a fresh CallSid, `seconds` of
-20 ms μ-law silence frames in real time, `stop`), one after another; after each, once the
+Twilio phone of `voice.devtools.phone_caller` (`connected`, `start` with a fresh CallSid,
+`seconds` of 20 ms μ-law silence frames in real time, `stop`), one after another; after each, once
+the
 server has no call in progress, its RSS is read from `/healthz`. What a call leaves behind shows
 as a slope: the least-squares MB per call over the calls after the warm-up (the first calls
 settle caches and allocator arenas). The server must admit streams without a token: start it
-without a stream secret or Twilio auth token (see `voice.stream_tokens`).
+without a stream secret or Twilio auth token (see `voice.transports.phone.tokens`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import WebSocketException
 
 from pipeline.transport import SAMPLE_RATE
-from voice.phone_caller import DEFAULT_CALLEE, DEFAULT_CALLER, TwilioPhone, twilio_sid
-from voice.twilio import CALLEE_PARAMETER, CALLER_PARAMETER
+from voice.devtools.phone_caller import DEFAULT_CALLEE, DEFAULT_CALLER, TwilioPhone, twilio_sid
+from voice.transports.phone.twilio import CALLEE_PARAMETER, CALLER_PARAMETER
 
 
 class SoakError(Exception):

@@ -23,7 +23,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
 from voice.audio import rms
-from voice.webrtc import PacedAudioTrack, shorten_jitter_buffer
+from voice.transports.webrtc import PacedAudioTrack, shorten_jitter_buffer
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ import yaml
 from pydantic import BaseModel, Field, model_validator
 
 from pipeline.routing import Policy
-from voice.redis_store import DOWN, call_keys, decode, experiment_keys, text
-from voice.session_records import CallInfo
+from voice.cluster.records import CallInfo
+from voice.cluster.store import DOWN, call_keys, decode, experiment_keys, text
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from pipeline.llm import ChatMessage
 from pipeline.records import TurnRecord
 from pipeline.routing import Policy, TierRouter
 from pipeline.transport import Transport
-from voice import metrics
-from voice.experiments import ExperimentStore
-from voice.session_records import CallInfo
-from voice.sessions import Sessions
-from voice.settings import Settings
+from voice.cluster.records import CallInfo
+from voice.cluster.sessions import Sessions
+from voice.experiments.arms import ExperimentStore
+from voice.server import metrics
+from voice.server.settings import Settings
 
 log = logging.getLogger(__name__)
 

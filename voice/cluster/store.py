@@ -1,4 +1,4 @@
-"""The Redis storage layer of `voice.sessions`: key layout, Lua scripts, client, encodings.
+"""The Redis storage layer of `voice.cluster.sessions`: key layout, Lua scripts, client, encodings.
 
 Keys (prefix `p`). Everything admission, heartbeats and the reaper touch atomically shares the
 Redis Cluster slot `{p}`; each call's keys share the call's own slot:
@@ -9,7 +9,7 @@ Redis Cluster slot `{p}`; each call's keys share the call's own slot:
   p:call:{<id>}:record       hash: CallInfo, each field JSON
   p:call:{<id>}:turns        stream: one entry per finished turn, id `<ms>-0` (its wall clock)
   p:call:{<id>}:events       stream: live events (state, turn, anything `publish`ed)
-  p:experiment:{<name>}:*    an experiment's config and calls (see `voice.experiments`)
+  p:experiment:{<name>}:*    an experiment's config and calls (see `voice.experiments.arms`)
   p:control:{<w>}            list: commands for worker w;  p:reply:{<uuid>}: the list of one ack
 """
 
@@ -40,7 +40,7 @@ Args = list[str | int | float]
 
 
 class ClientSettings(Protocol):
-    """What `connect` reads: `voice.sessions.SessionSettings` has it."""
+    """What `connect` reads: `voice.cluster.sessions.SessionSettings` has it."""
 
     redis_url: str | None
     cluster: bool
@@ -49,7 +49,7 @@ class ClientSettings(Protocol):
 
 
 class CallRecord(Protocol):
-    """What the outbox needs of a call: `voice.sessions.CallInfo` has it."""
+    """What the outbox needs of a call: `voice.cluster.sessions.CallInfo` has it."""
 
     call_id: str
     worker_id: str

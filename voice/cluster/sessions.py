@@ -5,7 +5,7 @@ in-memory outbox drained by one task; while Redis is unreachable they wait there
 the call goes on. Admission and reads (listing, `get_call`, `send_control`) ask Redis directly:
 admission fails closed while it is down (unless `fail_open`), reads raise `SessionsUnavailable`.
 Without `redis_url` the process runs alone on an in-process fakeredis store, same code path.
-The key layout, the Lua scripts and the client are in `voice.redis_store`.
+The key layout, the Lua scripts and the client are in `voice.cluster.store`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,17 @@ from urllib.parse import urlsplit
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from voice.redis_store import (
+from voice.cluster.records import (
+    TERMINAL_STATES,
+    Admission,
+    CallInfo,
+    NoAck,
+    SessionSettings,
+    SessionsUnavailable,
+    UnknownCall,
+    WorkerInfo,
+)
+from voice.cluster.store import (
     DOWN,
     EVENTS_KEPT,
     SCRIPTS,
@@ -45,16 +55,6 @@ from voice.redis_store import (
     text,
     worker_keys,
     workers_key,
-)
-from voice.session_records import (
-    TERMINAL_STATES,
-    Admission,
-    CallInfo,
-    NoAck,
-    SessionSettings,
-    SessionsUnavailable,
-    UnknownCall,
-    WorkerInfo,
 )
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""The `hotline` command: one module per command group (`main` holds the root)."""

@@ -1,0 +1,1 @@
+"""Calls across processes and machines: the Redis call registry, its records and its store."""

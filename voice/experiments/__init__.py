@@ -1,0 +1,1 @@
+"""Latency-budget experiments: arms and assignment, the report, the offline simulation."""

@@ -1,0 +1,1 @@
+"""How calls reach Hotline: WebRTC (aiortc) and phone media streams."""
