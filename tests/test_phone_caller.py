@@ -28,14 +28,12 @@ from tests.speech import concat, silence
 from voice.audio import rms
 from voice.devtools.phone_caller import place_twilio_call
 from voice.transports.phone.twilio import (
-    Media,
-    Start,
     TwilioProtocol,
-    WireEvent,
     reject_twiml,
     signature_is_valid,
     stream_twiml,
 )
+from voice.transports.phone.wire import Media, Start, WireEvent
 
 AUDIBLE = 300.0
 

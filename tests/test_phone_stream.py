@@ -15,7 +15,8 @@ from starlette.websockets import WebSocket
 
 from pipeline.transport import HangUp
 from voice.transports.phone.stream import PhoneStream
-from voice.transports.phone.twilio import Start, TwilioProtocol
+from voice.transports.phone.twilio import TwilioProtocol
+from voice.transports.phone.wire import Start
 
 
 class StalledSocket:

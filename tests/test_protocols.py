@@ -13,6 +13,14 @@ import pytest
 from voice.audio import mulaw_decode, mulaw_encode
 from voice.transports.phone.telnyx import REORDER_WINDOW, TelnyxProtocol
 from voice.transports.phone.twilio import (
+    TwilioProtocol,
+    reject_twiml,
+    signature_is_valid,
+    stream_twiml,
+    twilio_signature,
+)
+from voice.transports.phone.vonage import VonageProtocol
+from voice.transports.phone.wire import (
     Dtmf,
     Ignored,
     MarkPlayed,
@@ -20,14 +28,8 @@ from voice.transports.phone.twilio import (
     ProtocolError,
     Start,
     Stop,
-    TwilioProtocol,
     WireEvent,
-    reject_twiml,
-    signature_is_valid,
-    stream_twiml,
-    twilio_signature,
 )
-from voice.transports.phone.vonage import VonageProtocol
 
 
 def tone(samples: int, rate: int = 8000, level: int = 6000) -> np.ndarray:

@@ -51,13 +51,13 @@ from voice.transports.phone.telnyx import TelnyxProtocol
 from voice.transports.phone.tokens import InvalidToken, StreamTokens
 from voice.transports.phone.twilio import (
     STREAM_TOKEN_PARAMETER,
-    Start,
     TwilioProtocol,
     reject_twiml,
     signature_is_valid,
     stream_twiml,
 )
 from voice.transports.phone.vonage import VonageProtocol
+from voice.transports.phone.wire import Start
 from voice.transports.webrtc import WebRTCCall, restrict_ice_host_addresses, shorten_jitter_buffer
 
 log = logging.getLogger(__name__)

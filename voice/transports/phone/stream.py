@@ -32,8 +32,8 @@ from pipeline.transport import (
     until_hang_up,
 )
 from voice.audio import StreamResampler
-from voice.transports.phone.twilio import Dtmf as WireDtmf
-from voice.transports.phone.twilio import (
+from voice.transports.phone.wire import Dtmf as WireDtmf
+from voice.transports.phone.wire import (
     Ignored,
     MarkPlayed,
     Media,

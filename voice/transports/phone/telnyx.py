@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from voice.transports.phone.twilio import (
+from voice.transports.phone.wire import (
     PCM,
     Dtmf,
     Ignored,

@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 
-from voice.transports.phone.twilio import (
+from voice.transports.phone.wire import (
     PCM,
     Dtmf,
     Ignored,
