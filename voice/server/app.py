@@ -15,7 +15,7 @@ from importlib import resources
 from urllib.parse import parse_qsl
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import Depends, FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import HTTPConnection
@@ -31,12 +31,14 @@ from voice.experiments.arms import load_experiment
 from voice.server import metrics
 from voice.server.calls import CallsFull, Switchboard, valid_call_id
 from voice.server.calls_api import (
-    authorized,
+    APIError,
+    api_error_response,
     calls_api,
+    calls_live_api,
     error,
     read_body,
     read_json_body,
-    unauthorized,
+    require_token,
 )
 from voice.server.experiments_api import experiments_api
 from voice.server.settings import Settings
@@ -296,11 +298,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def prometheus_metrics() -> Response:
         return PlainTextResponse(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/admin/drain")
+    @app.post("/admin/drain", dependencies=[Depends(require_token)])
     async def drain(request: Request) -> JSONResponse:
         """Stop admitting calls, let those in progress finish, then exit."""
-        if not authorized(request):
-            return unauthorized()
         board = switchboard(request)
         if not board.draining:
             task = asyncio.create_task(drain_then_exit(request.app))
@@ -309,14 +309,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             {"status": "draining", "active_calls": len(board.active)}, status_code=202
         )
 
-    @app.post("/offer")
+    @app.post("/offer", dependencies=[Depends(require_token)])
     async def offer(request: Request) -> JSONResponse:
         settings: Settings = request.app.state.settings
-        if not authorized(request):
-            return unauthorized()
         data = await read_json_body(request, settings.max_body_bytes)
-        if isinstance(data, JSONResponse):
-            return data
         sdp, kind = data.get("sdp"), data.get("type")
         if not isinstance(sdp, str) or not sdp.strip():
             return error(400, "missing field 'sdp' (a string)")
@@ -357,8 +353,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """Twilio's voice webhook: connect the call's audio to our media stream."""
         settings: Settings = request.app.state.settings
         body = await read_body(request, settings.max_body_bytes)
-        if isinstance(body, JSONResponse):
-            return body
         params = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
         token = settings.telephony.twilio_auth_token
         if token is not None:
@@ -390,18 +384,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             parameters[STREAM_TOKEN_PARAMETER] = tokens.issue("twilio", call_sid)
         return xml(stream_twiml(f"{stream_url}/twilio/stream", parameters))
 
-    @app.post("/phone/stream-token")
+    @app.post("/phone/stream-token", dependencies=[Depends(require_token)])
     async def stream_token(request: Request) -> JSONResponse:
         """A single-use token (and the stream URL carrying it) for one provider call's media
         stream: what a Telnyx or Vonage call-control app puts in the stream URL it answers with."""
-        if not authorized(request):
-            return unauthorized()
         tokens: StreamTokens | None = request.app.state.stream_tokens
         if tokens is None:
             return error(409, "stream tokens are off: no secret is configured")
         data = await read_json_body(request, request.app.state.settings.max_body_bytes)
-        if isinstance(data, JSONResponse):
-            return data
         provider, call_id = data.get("provider"), data.get("call_id")
         if provider not in ("twilio", "telnyx", "vonage"):
             return error(400, "field 'provider' must be 'twilio', 'telnyx' or 'vonage'")
@@ -431,6 +421,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             websocket, websocket.app.state.switchboard, VonageProtocol, "/vonage/stream"
         )
 
+    app.add_exception_handler(APIError, api_error_response)
     app.include_router(calls_api)
+    app.include_router(calls_live_api)
     app.include_router(experiments_api)
     return app

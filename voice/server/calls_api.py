@@ -10,7 +10,7 @@ import logging
 import re
 from typing import Any
 
-from fastapi import APIRouter, Request, WebSocket
+from fastapi import APIRouter, Depends, Request, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
@@ -20,7 +20,6 @@ from voice.server.calls import Switchboard
 
 log = logging.getLogger(__name__)
 
-calls_api = APIRouter()
 MAX_SAY_CHARS = 2000  # about two minutes of speech: an announcement, not an audiobook
 
 MAX_JSON_DEPTH = 64  # far beyond any body we accept, far below the parser's recursion limit
@@ -34,17 +33,33 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-async def read_body(request: Request, limit: int) -> bytes | JSONResponse:
-    """The request body, read as a stream and never past `limit` bytes, or the 413 to send
-    instead (at once when Content-Length already says it is too large)."""
+class APIError(Exception):
+    """A request we refuse: raised anywhere in a handler (or a dependency), answered as a JSON
+    error by `api_error_response` (registered on the app)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+async def api_error_response(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    response = error(exc.status, exc.message)
+    response.headers.update(exc.headers)
+    return response
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, read as a stream and never past `limit` bytes (413 at once when
+    Content-Length already says it is too large)."""
     declared = request.headers.get("content-length", "")  # the server has checked its syntax
     if declared.isascii() and declared.isdigit() and int(declared) > limit:
-        return error(413, f"body larger than {limit} bytes")
+        raise APIError(413, f"body larger than {limit} bytes")
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > limit:
-            return error(413, f"body larger than {limit} bytes")
+            raise APIError(413, f"body larger than {limit} bytes")
     return bytes(body)
 
 
@@ -58,21 +73,19 @@ def json_depth(body: bytes) -> int:
     return deepest
 
 
-async def read_json_body(request: Request, limit: int) -> dict[str, Any] | JSONResponse:
-    """The request body as a JSON object, or the error response to send instead."""
+async def read_json_body(request: Request, limit: int) -> dict[str, Any]:
+    """The request body as a JSON object (400 or 413 otherwise)."""
     body = await read_body(request, limit)
-    if isinstance(body, JSONResponse):
-        return body
     if json_depth(body) > MAX_JSON_DEPTH:
-        return error(400, f"body nests JSON deeper than {MAX_JSON_DEPTH} levels")
+        raise APIError(400, f"body nests JSON deeper than {MAX_JSON_DEPTH} levels")
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
-        return error(400, "body is not valid JSON")
+        raise APIError(400, "body is not valid JSON") from None
     except RecursionError:  # a nesting the depth count missed must not become a 500
-        return error(400, "body nests JSON too deeply")
+        raise APIError(400, "body nests JSON too deeply") from None
     if not isinstance(data, dict):
-        return error(400, "body must be a JSON object")
+        raise APIError(400, "body must be a JSON object")
     return data
 
 
@@ -87,10 +100,14 @@ def authorized(request: Request) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
 
 
-def unauthorized() -> JSONResponse:
-    response = error(401, "missing or wrong bearer token")
-    response.headers["WWW-Authenticate"] = "Bearer"
-    return response
+def require_token(request: Request) -> None:
+    """The API token, as a dependency of every route that needs it (401 without it)."""
+    if not authorized(request):
+        raise APIError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+
+calls_api = APIRouter(dependencies=[Depends(require_token)])
+calls_live_api = APIRouter()  # a websocket: its token may come in the query (authorized_socket)
 
 
 def _board(request: Request | WebSocket) -> Switchboard:
@@ -101,8 +118,6 @@ def _board(request: Request | WebSocket) -> Switchboard:
 @calls_api.get("/calls", response_model=None)
 async def list_calls(request: Request) -> dict[str, object] | JSONResponse:
     """Calls in progress on every worker."""
-    if not authorized(request):
-        return unauthorized()
     try:
         calls = await _board(request).sessions.active_calls()
     except SessionsUnavailable as exc:
@@ -118,8 +133,6 @@ def _summary(board: Switchboard, info: dict[str, Any]) -> dict[str, Any]:
 @calls_api.get("/calls/{call_id}", response_model=None)
 async def call_detail(call_id: str, request: Request) -> dict[str, object] | JSONResponse:
     """A call's record and transcript (turns), from this worker or the registry."""
-    if not authorized(request):
-        return unauthorized()
     local = _board(request).get(call_id)
     if local is not None:
         return local.detail()
@@ -133,7 +146,7 @@ async def call_detail(call_id: str, request: Request) -> dict[str, object] | JSO
     return {**info.__dict__, "turns": len(turns), "records": turns}
 
 
-@calls_api.websocket("/calls/{call_id}/live")
+@calls_live_api.websocket("/calls/{call_id}/live")
 async def watch_call(websocket: WebSocket, call_id: str) -> None:
     """The call's events as JSON messages (transcripts, turn timings, state), from any worker."""
     if not authorized_socket(websocket):
@@ -188,19 +201,13 @@ async def _control(
 @calls_api.post("/calls/{call_id}/hangup")
 async def hang_up(call_id: str, request: Request) -> JSONResponse:
     """End a call in progress, wherever it lives."""
-    if not authorized(request):
-        return unauthorized()
     return await _control(request, call_id, "hangup", {})
 
 
 @calls_api.post("/calls/{call_id}/say")
 async def say(call_id: str, request: Request) -> JSONResponse:
     """Speak a text into a call in progress (cutting off any reply), wherever it lives."""
-    if not authorized(request):
-        return unauthorized()
     data = await read_json_body(request, request.app.state.settings.max_body_bytes)
-    if isinstance(data, JSONResponse):
-        return data
     text = data.get("text")
     if not isinstance(text, str) or not text.strip():
         return error(400, "field 'text' must be a non-empty string")

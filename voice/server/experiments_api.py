@@ -13,18 +13,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
 from voice.cluster.store import DOWN
 from voice.experiments.arms import Experiment, ExperimentStore, experiment_records, to_jsonl
 from voice.experiments.report import build_report, render_report
-from voice.server.calls_api import authorized, error, read_json_body, unauthorized
+from voice.server.calls_api import error, read_json_body, require_token
 
 log = logging.getLogger(__name__)
 
-experiments_api = APIRouter()
+experiments_api = APIRouter(dependencies=[Depends(require_token)])
 
 
 def _store(request: Request) -> ExperimentStore:
@@ -38,8 +38,6 @@ def _unavailable(exc: BaseException) -> JSONResponse:
 
 @experiments_api.get("/experiments", response_model=None)
 async def list_experiments(request: Request) -> dict[str, object] | JSONResponse:
-    if not authorized(request):
-        return unauthorized()
     store = _store(request)
     try:
         names, running = await store.names(), await store.active_name()
@@ -53,11 +51,7 @@ async def list_experiments(request: Request) -> dict[str, object] | JSONResponse
 @experiments_api.put("/experiments/{name}", response_model=None)
 async def put_experiment(name: str, request: Request) -> dict[str, object] | JSONResponse:
     """Store the experiment and make it the one new calls are assigned to."""
-    if not authorized(request):
-        return unauthorized()
     data = await read_json_body(request, request.app.state.settings.max_body_bytes)
-    if isinstance(data, JSONResponse):
-        return data
     if data.setdefault("name", name) != name:
         return error(400, f"the body names experiment {data['name']!r}, the URL {name!r}")
     try:
@@ -76,8 +70,6 @@ async def put_experiment(name: str, request: Request) -> dict[str, object] | JSO
 
 @experiments_api.delete("/experiments/active", response_model=None)
 async def stop_experiment(request: Request) -> dict[str, object] | JSONResponse:
-    if not authorized(request):
-        return unauthorized()
     try:
         stopped = await _store(request).stop()
     except DOWN as exc:
@@ -88,8 +80,6 @@ async def stop_experiment(request: Request) -> dict[str, object] | JSONResponse:
 
 @experiments_api.get("/experiments/{name}", response_model=None)
 async def get_experiment(name: str, request: Request) -> dict[str, object] | JSONResponse:
-    if not authorized(request):
-        return unauthorized()
     try:
         experiment = await _store(request).get(name)
     except DOWN as exc:
@@ -101,8 +91,6 @@ async def get_experiment(name: str, request: Request) -> dict[str, object] | JSO
 
 async def _records(request: Request, name: str) -> list[dict[str, Any]] | Response:
     """The experiment's turn records, or the error response to send instead."""
-    if not authorized(request):
-        return unauthorized()
     try:
         return await experiment_records(_store(request), name)
     except DOWN as exc:
