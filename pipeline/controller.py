@@ -20,9 +20,10 @@ var R·var P``), and the quantile of a sum is ``mean + z·sd``, z from the norma
 (1.28 for ``quantile=0.9``). L and P are kept per tier (a tier that slows down slows every
 effort), R per (tier, effort), T once.
 
-Planning: every (tier, effort) of the tiers on offer that is not cooling down is predicted; of
-those whose quantile of first audio fits ``budget_ms`` the highest effort wins, on the cheapest
-tier (lowest ``cost_rank``) that delivers it. When nothing fits, the option with the lowest
+Planning: every (tier, effort) of the tiers on offer that is not cooling down, and that the
+provider has not refused, is predicted; of those whose quantile of first audio fits
+``budget_ms`` the highest effort wins, on the cheapest tier (lowest ``cost_rank``) that
+delivers it. When nothing fits, the option with the lowest
 predicted first audio wins, the reason says "nothing fits", and with ``filler`` on a short
 phrase is offered to speak at once. The output token cap is ``reply_tokens`` plus a generous
 reasoning allowance (mean + 4 sd): the cap counts reasoning tokens, and a cap that cuts the
@@ -39,8 +40,13 @@ minus the reasoning time and the prefill; a request cancelled before its first t
 (``waited_ms``) raises L when it waited longer than L predicts. The variance tracks squared
 one-step-ahead errors, so a mean that lags a change widens the quantile. A failed request
 (429, 5xx, a timeout) puts its tier in a cool-down of ``cooldown_s``, doubled for each
-further failure in a row up to ``cooldown_max_s`` (or the provider's Retry-After, if longer);
-a first token from the tier ends it and forgets the failures.
+further failure in a row up to ``cooldown_max_s``, or the provider's Retry-After if longer
+(``TurnOutcome.retry_after_s``, parsed from the response by the LLM client); a first token
+from the tier ends it and forgets the failures. A request whose effort the provider refused
+(a 400 naming the reasoning effort: ``TurnOutcome.effort_unsupported``) rests nothing: that
+(tier, effort) is dropped from every later plan, fixed arms included (they take the nearest
+effort the tier still offers), for the life of the controller (``unsupported()`` lists them).
+A tier with no effort left is not planned; if no tier has one, all are tried anyway.
 
 Knobs (`ControllerSettings`, defaults): ``budget_ms`` 1000, ``quantile`` 0.9,
 ``half_life_turns`` 2, ``prior_weight`` 1, ``prior_spread`` 0.2, ``min_spread`` 0.05 (floor on
@@ -67,6 +73,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -192,6 +199,8 @@ class TurnOutcome:
     failed: bool = False
     status: int | None = None  # HTTP status of a failure; None: timeout or connection error
     waited_ms: float | None = None  # no first token after this long, then cancelled
+    retry_after_s: float | None = None  # a failure's Retry-After: rest the tier at least this
+    effort_unsupported: bool = False  # a failure refusing the effort: never plan it on the tier
 
 
 @dataclass(slots=True)
@@ -226,6 +235,11 @@ class _Option:
     prediction: Prediction
 
 
+class _Offer(NamedTuple):
+    tier: TierOption
+    efforts: tuple[str, ...]  # those to plan: the tier's, less the ones the provider refused
+
+
 class Controller:
     """Plans each turn's tier, effort and token cap; learns from what each turn took."""
 
@@ -242,6 +256,7 @@ class Controller:
         self._tts = self._prior(settings.tts_prior_ms)
         self._cooling: dict[str, tuple[float, str]] = {}  # tier -> (until, why)
         self._strikes: dict[str, int] = {}  # failures in a row, per tier
+        self._unsupported: set[tuple[str, str]] = set()  # (tier, effort) the provider refused
         self._fillers = 0
 
     # ------------------------------------------------------------ estimates
@@ -313,19 +328,38 @@ class Controller:
         now = self.clock()
         return {name: until - now for name, (until, _) in self._cooling.items() if until > now}
 
+    def unsupported(self) -> set[tuple[str, str]]:
+        """The (tier, effort) pairs the provider refused: never planned again."""
+        return set(self._unsupported)
+
+    def supported_efforts(self, tier: TierOption) -> tuple[str, ...]:
+        """The efforts of ``tier`` the provider has not refused."""
+        return tuple(e for e in tier.efforts if (tier.name, e) not in self._unsupported)
+
+    def _offer(self, ctx: TurnContext, notes: list[str]) -> list[_Offer]:
+        """The tiers to plan on, each with its efforts: not cooling down, not refused."""
+        cooling = self.cooling()
+        for name, left in cooling.items():
+            notes.append(f"{name} cooling down after {self._cooling[name][1]} ({left:.0f} s left)")
+        offer = [_Offer(t, self.supported_efforts(t)) for t in ctx.tiers_available]
+        offer = [o for o in offer if o.efforts]
+        if not offer:
+            offer = [_Offer(t, t.efforts) for t in ctx.tiers_available]
+            notes.append("every effort was refused: trying them anyway")
+        resting = [o for o in offer if o.tier.name not in cooling]
+        if not resting:
+            notes.append("every tier is cooling down: using them anyway")
+            return offer
+        return resting
+
     def plan(self, ctx: TurnContext) -> TurnPlan:
         """The highest effort that fits the budget at the quantile, on the cheapest tier."""
         if not ctx.tiers_available:
             raise ValueError("no tiers available")
         for tier in ctx.tiers_available:
             self._register(tier)
-        cooling, notes = self.cooling(), []
-        tiers = [t for t in ctx.tiers_available if t.name not in cooling]
-        for name, left in cooling.items():
-            notes.append(f"{name} cooling down after {self._cooling[name][1]} ({left:.0f} s left)")
-        if not tiers:
-            tiers = list(ctx.tiers_available)
-            notes.append("every tier is cooling down: using them anyway")
+        notes: list[str] = []
+        tiers = self._offer(ctx, notes)
         budget = self.settings.budget_ms if ctx.budget_ms is None else ctx.budget_ms
         if ctx.fixed_effort is not None:
             return self._plan_fixed(ctx, tiers, budget, notes)
@@ -351,7 +385,7 @@ class Controller:
         return self._plan(chosen, fits, budget, notes, filler, hedge, options)
 
     def _plan_fixed(
-        self, ctx: TurnContext, tiers: list[TierOption], budget: float, notes: list[str]
+        self, ctx: TurnContext, tiers: list[_Offer], budget: float, notes: list[str]
     ) -> TurnPlan:
         """A fixed arm's plan: its effort on its tier (or the next available), with predictions."""
         assert ctx.fixed_effort is not None
@@ -360,11 +394,13 @@ class Controller:
             raise ValueError(
                 f"unknown effort {ctx.fixed_effort!r}; known: {', '.join(self._ranks)}"
             )
-        tier = next((t for t in tiers if t.name == ctx.fixed_tier), tiers[0])
+        tier, efforts = next((o for o in tiers if o.tier.name == ctx.fixed_tier), tiers[0])
         if ctx.fixed_tier is not None and tier.name != ctx.fixed_tier:
             notes.append(f"{ctx.fixed_tier} unavailable")
+        if (tier.name, ctx.fixed_effort) in self._unsupported:
+            notes.append(f"{ctx.fixed_effort} unsupported on {tier.name}")
         # the arm's effort if offered, else the nearest below it, else the lowest offered
-        offered = sorted(self._ranks[e] for e in tier.efforts)
+        offered = sorted(self._ranks[e] for e in efforts)
         rank = max((r for r in offered if r <= want), default=offered[0])
         effort = next(e for e, r in self._ranks.items() if r == rank)
         o = _Option(tier, effort, rank, self.predict(tier, effort, ctx.spent_ms, ctx.prompt_tokens))
@@ -377,11 +413,11 @@ class Controller:
         plan = self._plan(o, fits, budget, notes, None, None)
         return dataclasses.replace(plan, reason="; ".join([why, *notes]))
 
-    def _options(self, tiers: Sequence[TierOption], spent_ms: float, prompt: int) -> list[_Option]:
+    def _options(self, tiers: Sequence[_Offer], spent_ms: float, prompt: int) -> list[_Option]:
         return [
             _Option(t, e, self._ranks[e], self.predict(t, e, spent_ms, prompt))
-            for t in tiers
-            for e in t.efforts
+            for t, efforts in tiers
+            for e in efforts
         ]
 
     def _pick(self, options: list[_Option], budget: float) -> tuple[_Option, bool]:
@@ -443,10 +479,18 @@ class Controller:
         why = f"HTTP {status}" if status is not None else "a timeout"
         self._cooling[tier] = (self.clock() + rest, why)
 
+    def refuse(self, tier: str, effort: str) -> None:
+        """The provider refused ``effort`` on ``tier`` (HTTP 400): never plan it there again.
+        The tier itself is not rested: its other efforts are still planned."""
+        self._unsupported.add((tier, effort))
+
     def observe(self, outcome: TurnOutcome) -> None:
         """Learn from one request's timings (or its failure)."""
+        if outcome.failed and outcome.effort_unsupported:
+            self.refuse(outcome.tier, outcome.effort)
+            return
         if outcome.failed:
-            self.failure(outcome.tier, outcome.status)
+            self.failure(outcome.tier, outcome.status, outcome.retry_after_s)
             return
         tier = self._tiers.get(outcome.tier)
         if tier is None:

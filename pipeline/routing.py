@@ -13,8 +13,15 @@ is taken as it arrives, whatever the consumer (TTS) is doing. Before the first t
 
 - a capacity or availability failure (HTTP 408/409/429/5xx, a connection error or timeout, or
   no first token ``first_token_grace_ms`` after the plan's first-token deadline) is reported to
-  the controller, which rests that tier; the turn is planned again on the tiers not yet tried
-  and sent again, within the same turn. Other errors (400, 401, ...) are not retried.
+  the controller, with the provider's ``Retry-After`` if it sent one, and the controller rests
+  that tier (at least that long); the turn is planned again on the tiers not yet tried and
+  sent again, within the same turn.
+- a 400 refusing the reasoning effort (its error names ``reasoning_effort`` or
+  ``reasoning.effort``, as param or in the message: the model does not take that effort) is
+  reported too, and the controller never plans that (tier, effort) again in this process; the
+  turn is planned again at once, the same tier included (with the efforts it still offers).
+  The attempt is recorded as ``refused``.
+- other errors (any other 400, 401, ...) are not retried: they reach the caller.
 - with a hedge in the plan, the hedge request is fired at the first-token deadline; whichever
   speaks first is kept, the other is cancelled and reported as censored (it waited this long).
 
@@ -81,7 +88,7 @@ class Attempt:
     queue: asyncio.Queue[str | Exception | None] = field(default_factory=asyncio.Queue)
     settled: asyncio.Event = field(default_factory=asyncio.Event)  # first delta, end, or error
     error: LLMError | None = None
-    result: str = "pending"  # spoke | failed | timeout | lost
+    result: str = "pending"  # spoke | failed | refused (its effort) | timeout | lost
     task: asyncio.Task[None] | None = None
 
     async def pump(self) -> None:
@@ -267,8 +274,9 @@ class RoutedReply:
                     if attempt.error is None:
                         return self._won(attempt, active)
                     active.remove(attempt)
-                    self._failed(attempt, "failed")
-                    if not retryable(attempt.error.status):
+                    refused = attempt.error.effort_unsupported
+                    self._failed(attempt, "refused" if refused else "failed")
+                    if not refused and not retryable(attempt.error.status):
                         raise attempt.error
                 if not active:
                     break
@@ -292,23 +300,32 @@ class RoutedReply:
                 finally:
                     for w in waits:
                         w.cancel()
-            tried |= {a.plan.tier for a in self.attempts}
-            remaining = [t for t in self.router.tiers if t.name not in tried]
-            last = self.attempts[-1]
-            if not remaining:
-                status = last.error.status if last.error else None
-                raise LLMError(status, f"every tier failed ({', '.join(sorted(tried))})")
-            ctx = self.call.context(self._spent_ms(), self.prompt_tokens, remaining)
-            plan, kind = self.router.controller.plan(ctx), "fallback"
-            log.warning(
-                "LLM %s/%s %s (%s); falling back to %s/%s",
-                last.plan.tier,
-                last.plan.effort,
-                last.result,
-                last.error or "no first token",
-                plan.tier,
-                plan.effort,
-            )
+            # a tier that failed is not asked again this turn; one that refused an effort is
+            tried |= {a.plan.tier for a in self.attempts if a.result != "refused"}
+            plan, kind = self._replan(tried), "fallback"
+
+    def _replan(self, tried: set[str]) -> TurnPlan:
+        """Plan the turn again on the tiers not yet tried that still offer an effort."""
+        controller = self.router.controller
+        remaining = [
+            t for t in self.router.tiers if t.name not in tried and controller.supported_efforts(t)
+        ]
+        last = self.attempts[-1]
+        if not remaining:
+            status = last.error.status if last.error else None
+            asked = sorted({a.plan.tier for a in self.attempts} | tried)
+            raise LLMError(status, f"every tier failed ({', '.join(asked)})")
+        plan = controller.plan(self.call.context(self._spent_ms(), self.prompt_tokens, remaining))
+        log.warning(
+            "LLM %s/%s %s (%s); falling back to %s/%s",
+            last.plan.tier,
+            last.plan.effort,
+            last.result,
+            last.error or "no first token",
+            plan.tier,
+            plan.effort,
+        )
+        return plan
 
     def _won(self, winner: Attempt, others: list[Attempt]) -> Attempt:
         winner.result = "spoke"
@@ -330,16 +347,26 @@ class RoutedReply:
         attempt.result = result
         if attempt.task is not None:
             attempt.task.cancel()
-        status = attempt.error.status if attempt.error else None
+        error = attempt.error
+        status = error.status if error else None
         log.warning(
             "LLM tier %s (%s) %s: %s",
             attempt.plan.tier,
             attempt.plan.effort,
             result,
-            attempt.error or "no first token by the deadline",
+            error or "no first token by the deadline",
         )
-        outcome = TurnOutcome(attempt.plan.tier, attempt.plan.effort, failed=True, status=status)
-        if retryable(status):  # capacity or availability rests the tier; a 400 is the request's
+        outcome = TurnOutcome(
+            attempt.plan.tier,
+            attempt.plan.effort,
+            failed=True,
+            status=status,
+            retry_after_s=error.retry_after_s if error else None,
+            effort_unsupported=result == "refused",
+        )
+        # capacity or availability rests the tier, a refused effort is never planned again;
+        # any other 400 is the request's fault, not the tier's
+        if retryable(status) or outcome.effort_unsupported:
             self.router.controller.observe(outcome)
 
     async def _stop_all(self) -> None:
@@ -371,7 +398,7 @@ class RoutedReply:
             record = decision_record(self.plan, TurnOutcome(self.plan.tier, self.plan.effort))
             # "failed": no request could answer; "none": the caller cut in before any did
             gave_up = bool(self.attempts) and all(
-                a.result in ("failed", "timeout") for a in self.attempts
+                a.result in ("failed", "timeout", "refused") for a in self.attempts
             )
             record.update(taken="failed" if gave_up else "none", tier=None, effort=None)
         else:

@@ -151,6 +151,47 @@ def test_cool_downs_double_with_failures_in_a_row_and_reset_on_a_first_token() -
     assert round(ctrl.cooling()["fast"]) == 5
 
 
+def test_a_failures_retry_after_sets_the_rest_when_longer() -> None:
+    clock = Clock()
+    ctrl = make(clock, cooldown_s=5, cooldown_max_s=12)
+    ctrl.plan(CTX)
+    failed = TurnOutcome("fast", "low", failed=True, status=429, retry_after_s=30)
+    ctrl.observe(failed)
+    assert ctrl.cooling() == {"fast": pytest.approx(30)}  # past cooldown_max_s, as asked
+    clock.now += 31
+    ctrl.observe(TurnOutcome("standard", "low", failed=True, status=503, retry_after_s=1))
+    assert ctrl.cooling() == {"standard": pytest.approx(5)}  # shorter: our own rest stands
+
+
+def test_a_refused_effort_is_never_planned_again_on_that_tier() -> None:
+    ctrl = make()
+    late = TurnContext(spent_ms=5000, prompt_tokens=400)  # nothing fits: the fastest option
+    assert (ctrl.plan(late).tier, ctrl.plan(late).effort) == ("fast", "none")
+    ctrl.observe(TurnOutcome("fast", "none", failed=True, status=400, effort_unsupported=True))
+    assert ctrl.unsupported() == {("fast", "none")}
+    assert ctrl.cooling() == {}  # the tier is not rested
+    assert ctrl.supported_efforts(FAST_TIER) == EFFORTS[1:]
+    plan = ctrl.plan(late)
+    assert (plan.tier, plan.effort) == ("fast", "minimal")
+    # a fixed arm asking for it gets the nearest effort the tier still takes
+    fixed = ctrl.plan(TurnContext(300, 400, fixed_effort="none", fixed_tier="fast"))
+    assert fixed.effort == "minimal" and "none unsupported on fast" in fixed.reason
+    other = ctrl.plan(TurnContext(300, 400, fixed_effort="none", fixed_tier="standard"))
+    assert other.effort == "none"
+
+
+def test_a_tier_with_every_effort_refused_is_left_out_unless_none_is_left() -> None:
+    ctrl = make()
+    for effort in EFFORTS:
+        ctrl.refuse("fast", effort)
+    assert ctrl.supported_efforts(FAST_TIER) == ()
+    assert ctrl.plan(TurnContext(spent_ms=5000)).tier == "standard"
+    for effort in EFFORTS:
+        ctrl.refuse("standard", effort)
+    plan = ctrl.plan(CTX)  # still an answer, and it says why
+    assert "every effort was refused: trying them anyway" in plan.reason
+
+
 def test_estimates_follow_a_tier_that_slows_down_within_5_turns() -> None:
     ctrl = make()
     for _ in range(10):
