@@ -281,10 +281,8 @@ class RoutedReply:
                 if not active:
                     break
                 now = time.monotonic()
-                if now >= give_up_at:
-                    for attempt in active:
-                        self._failed(attempt, "timeout")
-                    break
+                # The hedge first: a loop that woke late (a busy event loop) may be past both
+                # the hedge's time and the plan's give-up time, and the hedge is still owed.
                 if hedge is not None and hedge_at is not None and now >= hedge_at:
                     log.info("no first token by %.0f ms: hedging", plan.first_token_deadline_ms)
                     active.append(self._start(hedge, "hedge"))
@@ -293,6 +291,10 @@ class RoutedReply:
                     give_up_at = max(give_up_at, hedge_give_up_at)
                     hedge = hedge_at = None
                     continue
+                if now >= give_up_at:
+                    for attempt in active:
+                        self._failed(attempt, "timeout")
+                    break
                 wake = min(t for t in (give_up_at, hedge_at) if t is not None)
                 waits = [asyncio.ensure_future(a.settled.wait()) for a in active]
                 try:
