@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 from starlette.applications import Starlette
 
 from pipeline.llm import DEFAULT_SYSTEM_PROMPT, ChatMessage, LLMClient, LLMError, LLMSettings
-from pipeline.simulator import (
+from voice.llm_sim.simulator import (
     SimulatorSettings,
     SimulatorStats,
     TierProfile,

@@ -18,7 +18,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from pipeline.llm import LLMClient, LLMError, LLMSettings, retry_after_s
-from pipeline.simulator import running_simulator
 from tests.test_routing import (
     FAST,
     HEARD,
@@ -31,6 +30,7 @@ from tests.test_routing import (
     rig_for,
     speak,
 )
+from voice.llm_sim.simulator import running_simulator
 
 Api = Literal["chat", "responses"]
 # What OpenAI answers a model that does not take the effort.

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from pipeline.controller import Controller, ControllerSettings
 from pipeline.llm import ChatMessage, LLMError, LLMSettings, LLMTier
 from pipeline.routing import CallLLM, Policy, RoutedReply, TierRouter
-from pipeline.simulator import (
+from voice.llm_sim.simulator import (
     SimulatorSettings,
     SimulatorStats,
     TierProfile,

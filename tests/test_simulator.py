@@ -14,7 +14,7 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 from starlette.applications import Starlette
 
-from pipeline.simulator import (
+from voice.llm_sim.simulator import (
     SimulatorSettings,
     SimulatorStats,
     TierProfile,

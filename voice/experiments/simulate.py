@@ -33,18 +33,18 @@ from pipeline.llm import LLMSettings
 from pipeline.records import TurnRecord
 from pipeline.routing import CallLLM, TierRouter
 from pipeline.sentences import SentenceSettings
-from pipeline.simulator import (
-    SimulatorSettings,
-    change_tier,
-    create_simulator_app,
-    running_simulator,
-)
 from pipeline.stt import SpeechToText, STTSettings
 from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE, AudioIn, HangUp, InboundEvent
 from pipeline.tts import TextToSpeech, TTSSettings
 from pipeline.turns import TurnSettings
 from voice.audio import frames, resample
 from voice.experiments.arms import Arm, Experiment
+from voice.llm_sim.simulator import (
+    SimulatorSettings,
+    change_tier,
+    create_simulator_app,
+    running_simulator,
+)
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from starlette.requests import HTTPConnection
 
 from pipeline.controller import Controller
 from pipeline.routing import TierRouter
-from pipeline.simulator import running_simulator
 from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
 from voice.cluster.records import SessionsUnavailable, WorkerInfo
 from voice.cluster.sessions import Sessions
 from voice.experiments.arms import load_experiment
+from voice.llm_sim.simulator import running_simulator
 from voice.server import metrics
 from voice.server.calls import CallsFull, Switchboard, valid_call_id
 from voice.server.calls_api import (

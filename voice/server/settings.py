@@ -16,11 +16,11 @@ from pipeline.conversation import ConversationSettings
 from pipeline.llm import LLMSettings
 from pipeline.routing import Policy
 from pipeline.sentences import SentenceSettings
-from pipeline.simulator import SimulatorSettings
 from pipeline.stt import STTSettings
 from pipeline.tts import TTSSettings
 from pipeline.turns import TurnSettings
 from voice.cluster.records import SessionSettings
+from voice.llm_sim.simulator import SimulatorSettings
 
 
 class IceServer(BaseModel):

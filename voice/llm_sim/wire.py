@@ -1,4 +1,4 @@
-"""OpenAI wire shapes for the tier simulator: what `pipeline.simulator` sends back.
+"""OpenAI wire shapes for the tier simulator: what `voice.llm_sim.simulator` sends back.
 
 One simulated generation is a `Plan`, timed on the event loop's monotonic clock. This module turns
 it into Chat Completions responses and chunks (ending in ``[DONE]``), Responses API objects and

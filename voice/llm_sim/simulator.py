@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from pipeline.simulator_wire import (
+from voice.llm_sim.wire import (
     BadRequest,
     Plan,
     chat_completion,
@@ -43,7 +43,7 @@ from pipeline.simulator_wire import (
     response_object,
     status_error,
 )
-from pipeline.simulator_wire import SimulatedRequest as SimulatedRequest  # re-exported
+from voice.llm_sim.wire import SimulatedRequest as SimulatedRequest  # re-exported
 
 log = logging.getLogger(__name__)
 
