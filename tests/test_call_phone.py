@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pipeline.stt import SpeechToText
-from tests.conftest import Server
+from tests.conftest import BARGE_IN_BOUND_MS, Server
 from tests.speech import concat, piper, silence
 from voice.devtools.phone_caller import place_twilio_call
 
@@ -87,7 +87,9 @@ async def test_barge_in_sends_clear_and_history_is_cut_at_the_last_echoed_mark(
     print(f"\nphone reply stopped {result.barge_in_stop_ms} ms after the caller cut in")
     clears = result.events_named("clear")
     assert clears, "the server never sent clear"
-    assert result.barge_in_stop_ms is not None and result.barge_in_stop_ms < 300
+    # The product target is 300 ms (measured by `hotline call`; about 220 ms here); the bound is
+    # generous so that a machine a third slower passes, and a reply that plays on still fails.
+    assert result.barge_in_stop_ms is not None and result.barge_in_stop_ms < BARGE_IN_BOUND_MS
     # No reply audio for the interrupted turn after the clear: the next media is the new reply.
     after_clear = [m for m in result.received if m.at > clears[0].at and m.event == "media"]
     first_mark_after = [m for m in result.received if m.at > clears[0].at and m.event == "mark"]

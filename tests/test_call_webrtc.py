@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.stt import SpeechToText
-from tests.conftest import Server
+from tests.conftest import BARGE_IN_BOUND_MS, Server
 from tests.speech import concat, espeak, silence
 from voice.devtools.webrtc_caller import place_call
 
@@ -78,7 +78,9 @@ async def test_barge_in_stops_the_reply_and_truncates_history(server: Server) ->
     print(f"\nreply audio stopped {result.barge_in_stop_ms} ms after the caller cut in")
     print("\n".join(line for line in server.log if "barge-in," in line))
     assert result.barge_in_stop_ms is not None, "the reply never went silent"
-    assert result.barge_in_stop_ms < 300
+    # The product target is 300 ms (measured by `hotline call`; about 220 ms here); the bound is
+    # generous so that a machine a third slower passes, and a reply that plays on still fails.
+    assert result.barge_in_stop_ms < BARGE_IN_BOUND_MS
 
     detail = call_detail(server, result.call_id)
     records = detail["records"]
