@@ -28,7 +28,7 @@ import numpy.typing as npt
 import soxr
 from pydantic import BaseModel, Field
 
-from pipeline.endpoint import sounds_finished
+from pipeline.endpoint import leaves_hanging, sounds_finished
 from pipeline.llm import ChatMessage, LLMError
 from pipeline.records import TurnClock, TurnRecord
 from pipeline.scheduling import Urgency
@@ -229,8 +229,6 @@ class Conversation:
         self._speculation: Speculation | None = None  # a reply begun at that pause, held
         self.speculations_discarded = 0  # in the whole call
         self._discarded_in_turn = 0  # since the last turn record
-        # One stateful resampler for this call's outbound audio (TTS rate -> 16 kHz).
-        self._resampler = soxr.ResampleStream(tts.sample_rate, SAMPLE_RATE, 1, dtype="int16")
 
     def _emit(self, event: dict[str, object]) -> None:
         """Tell the caller's screen (if any) and whoever watches the call."""
@@ -466,6 +464,11 @@ class Conversation:
         if not transcript.text.strip():
             log.info("call %s: empty transcript, no reply", self.call_id)
             return
+        if gate is not None and leaves_hanging(said):
+            try:
+                await gate.passed()  # no tokens spent on words the caller is likely to go on from
+            except Discarded:
+                return
         await self._reply(said, clock, round(transcript.inference_s * 1e3, 1), gate)
 
     async def _reply(
@@ -543,7 +546,9 @@ class Conversation:
         clock.mark("tts_first_chunk")
         if not spoken:
             audio = trim_leading_silence(audio, self.tts.sample_rate)
-        pcm = self._resampler.resample_chunk(audio)
+        # Whole, not streamed: a stream would hold back the end of each sentence (22 ms) until
+        # the next, and a reply would open with the last one's.
+        pcm = np.asarray(soxr.resample(audio, self.tts.sample_rate, SAMPLE_RATE, "HQ"), np.int16)
         if pcm.size == 0:
             return []
         if gate is not None:

@@ -78,6 +78,20 @@ _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _CLOSERS = "\"')]» "
 
 
+def leaves_hanging(text: str) -> bool:
+    """Whether `text` (an early transcript) stops mid-sentence: on a comma, a dash or "...", or
+    on a word that leaves it hanging (`HANGING`, `FILLERS`). A speculative reply waits for the
+    end of such a turn before it asks the LLM: the caller is most likely to go on, and a
+    request thrown away still costs its tokens."""
+    text = text.strip().rstrip(_CLOSERS)
+    if not text:
+        return False
+    if text[-1] in ",;:-–—…" or text.endswith(".."):
+        return True
+    words = _WORD.findall(text.lower().replace("’", "'"))
+    return bool(words) and (words[-1] in HANGING or words[-1] in FILLERS)
+
+
 def sounds_finished(text: str) -> bool:
     """Whether `text` (an early Whisper transcript) reads as a finished turn: it ends a sentence
     (".", "?" or "!", not "..."), its last word leaves nothing hanging, and it says more than

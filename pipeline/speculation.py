@@ -1,13 +1,14 @@
 """Speculative replies: answer at the caller's pause, speak only once the turn has ended.
 
-When the caller pauses (`TurnPause`, 200 ms of silence) the words so far are transcribed at
+When the caller pauses (`TurnPause`, 120 ms of silence) the words so far are transcribed at
 once; with speculation on, the reply starts as soon as that transcript is ready: the LLM request
-goes out and the first chunk is synthesised, but its audio waits behind a `Gate`. If the turn
-then ends at that same pause (`TurnSegment` with the same end position), the gate opens and the
-held audio goes out at once. If the caller speaks again (`SpeechResumed`), or the turn ends
-somewhere else, the speculation is thrown away: its task cancelled, nothing recorded, nothing
-in the history, nothing played; only the count of discarded requests remains, since they cost
-the operator tokens.
+goes out and the first chunk is synthesised, but its audio waits behind a `Gate`. Words that
+stop mid-sentence (`pipeline.endpoint.leaves_hanging`: a comma, "...", "and", "the") send no
+request until the turn has really ended there. If the turn then ends at that same pause
+(`TurnSegment` with the same end position), the gate opens and the held audio goes out at once.
+If the caller speaks again (`SpeechResumed`), or the turn ends somewhere else, the speculation
+is thrown away: its task cancelled, nothing recorded, nothing in the history, nothing played;
+only the count of discarded requests remains, since they cost the operator tokens.
 """
 
 from __future__ import annotations

@@ -60,7 +60,10 @@ class TurnSettings(BaseModel):
         default=200, ge=0, description="Audio kept before the first voiced window."
     )
     post_roll_ms: int = Field(
-        default=150, ge=0, description="Audio kept after the last voiced window."
+        default=120,
+        ge=0,
+        description="Audio kept after the last voiced window (at most pause_ms, so that a "
+        "pause offers the same audio as the turn that ends there).",
     )
     max_turn_s: float = Field(default=30.0, gt=0.0, description="A longer turn is cut here.")
     finished_silence_ms: int = Field(
@@ -70,7 +73,7 @@ class TurnSettings(BaseModel):
         "(a whole sentence or question; `pipeline.endpoint`). 0: always end_silence_ms.",
     )
     pause_ms: int = Field(
-        default=200,
+        default=120,
         ge=0,
         description="Trailing silence after which TurnPause offers the words so far for an "
         "early transcription (0: never). Ignored when not below end_silence_ms.",

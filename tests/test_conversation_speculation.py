@@ -94,9 +94,9 @@ async def test_a_reply_begun_at_the_pause_is_heard_as_the_turn_ends() -> None:
 
 async def test_speaking_on_after_a_pause_discards_the_reply_begun_there() -> None:
     speech = concat(
-        silence(200), espeak("I would like"), silence(100), espeak("a table for two"), silence(1400)
+        silence(200), espeak("I would like a table"), silence(150), espeak("for two"), silence(1400)
     )
-    stt = ScriptedSTT(["I would like", "I would like a table for two"])
+    stt = ScriptedSTT(["I would like a table.", "I would like a table for two"])
     llm = ScriptedLLM(["Never heard, this one.", "A table for two, sure."])
     conversation, line = await one_turn(speech, stt, llm, speculate=True)
 
@@ -110,6 +110,34 @@ async def test_speaking_on_after_a_pause_discards_the_reply_begun_there() -> Non
     assert line.queued_samples == line.played_samples
     words = 5  # "A table for two, sure."
     assert abs(line.queued_samples - words * 0.25 * 16_000) < 0.05 * 16_000
+
+
+async def test_words_left_hanging_at_a_pause_ask_the_llm_nothing_until_the_turn_ends() -> None:
+    speech = concat(
+        silence(200), espeak("I would like"), silence(150), espeak("a table for two"), silence(1400)
+    )
+    stt = ScriptedSTT(["I would like", "I would like a table for two"])
+    llm = ScriptedLLM(["A table for two, sure."])
+    conversation, _ = await one_turn(speech, stt, llm, speculate=True)
+
+    [record] = conversation.records
+    assert record.caller_text == "I would like a table for two"
+    assert record.reply_text == "A table for two, sure." and record.speculative
+    # "I would like" stops mid-sentence: its speculation waited for the turn to end there, and
+    # was dropped when the caller went on without having sent a request (no tokens spent).
+    assert len(llm.streams) == 1
+    assert record.speculations_discarded == 0 and conversation.speculations_discarded == 0
+
+
+async def test_words_left_hanging_at_the_end_are_answered_once_the_turn_ends() -> None:
+    speech = concat(silence(200), espeak("Send it to the"), silence(1400))
+    llm = ScriptedLLM(["Send it where?"])
+    conversation, _ = await one_turn(speech, ScriptedSTT(["Send it to the"]), llm, True)
+
+    [record] = conversation.records
+    assert record.reply_text == "Send it where?" and record.speculative
+    t = record.timings_ms
+    assert t["stt"] < t["endpoint"] < t["llm_first_token"], "asked only once the turn ended"
 
 
 async def test_with_speculation_off_the_llm_is_asked_only_at_the_endpoint() -> None:

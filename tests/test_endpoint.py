@@ -1,10 +1,11 @@
-"""`sounds_finished`: which early transcripts read as a finished turn (no models)."""
+"""`sounds_finished` and `leaves_hanging`: which early transcripts read as a finished turn, and
+which stop mid-sentence (no models)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.endpoint import sounds_finished
+from pipeline.endpoint import leaves_hanging, sounds_finished
 
 FINISHED = [
     "I need a taxi to the airport at 6.",
@@ -63,3 +64,41 @@ def test_a_whole_sentence_or_question_sounds_finished(text: str) -> None:
 @pytest.mark.parametrize("text", UNFINISHED)
 def test_a_fragment_or_an_opener_does_not(text: str) -> None:
     assert not sounds_finished(text)
+
+
+HANGING = [
+    "I would like",
+    "I would like to book a table for.",
+    "My number is",
+    "I need a taxi,",
+    "Well, let me see...",
+    "No... wait…",
+    "I want to talk about, um.",
+    "Can you send it to the",
+    "The card ends in four two —",
+    "So the order was placed on Monday;",
+    "...",  # Whisper's way of trailing off
+]
+
+# Not hanging: whole sentences, lone answers (the most common short turns), and digits, which
+# Whisper leaves without a period: a reply to any of these is worth asking for at the pause.
+NOT_HANGING = [
+    *FINISHED,
+    "Yes.",
+    "No, sorry.",
+    "Okay",
+    "My number is 5, 5, 5, 1, 2, 3, 4",
+    "Hello?",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", HANGING)
+def test_words_stopping_mid_sentence_leave_it_hanging(text: str) -> None:
+    assert leaves_hanging(text)
+    assert not sounds_finished(text)
+
+
+@pytest.mark.parametrize("text", NOT_HANGING)
+def test_whole_sentences_answers_and_digits_do_not(text: str) -> None:
+    assert not leaves_hanging(text)

@@ -49,11 +49,12 @@ def test_an_unfinished_sounding_pause_waits_the_whole_end_silence() -> None:
 
 
 def test_a_transcript_that_comes_too_late_changes_nothing() -> None:
-    settings = TurnSettings(finished_silence_ms=300)
+    settings = TurnSettings(finished_silence_ms=300, pause_ms=200)
     late = simulate(OKAY_THANKS, settings, hearing("I need a taxi.", inference_s=0.45))
     assert (late.segments, late.early) == (1, False)  # speech resumed, then the turn ended
     assert late.delay_s >= 0.5
-    # In time for the end, the turn ends as soon as the transcript is in (pause + 150 ms).
+    # In time for the end, the turn ends as soon as the transcript is in (pause + 150 ms, the
+    # pause being 224 ms: 7 windows of 32 ms).
     soon = simulate(TAXI, settings, hearing("I need a taxi.", inference_s=0.15))
     assert soon.early
     assert 0.35 <= soon.delay_s < 0.45

@@ -258,8 +258,10 @@ def test_a_pause_offers_the_same_audio_as_the_turn_that_follows() -> None:
     assert isinstance(pause, TurnPause) and isinstance(turn, TurnSegment)
     assert pause.end_position == turn.end_position
     assert np.array_equal(pause.audio, turn.audio)
-    # Offered 300 ms (end_silence_ms - pause_ms) of audio before the turn is decided.
-    assert (ended_after - paused_after) / RATE == pytest.approx(0.3, abs=0.04)
+    # Offered end_silence_ms - pause_ms of audio before the turn is decided.
+    settings = TurnSettings()
+    ahead_s = (settings.end_silence_ms - settings.pause_ms) / 1000
+    assert (ended_after - paused_after) / RATE == pytest.approx(ahead_s, abs=0.04)
 
 
 def test_speech_resuming_after_a_pause_moves_the_turn_end() -> None:

@@ -9,6 +9,7 @@ import wave
 from collections.abc import Iterator
 from pathlib import Path
 
+import av
 import numpy as np
 import numpy.typing as npt
 import soxr
@@ -127,7 +128,16 @@ def mulaw_decode(data: bytes) -> PCM:
 
 class StreamResampler:
     """One direction of one call: int16 mono from `source_rate` to `target_rate`, keeping the
-    filter state across chunks (soxr.ResampleStream), so chunk edges add no clicks."""
+    filter state across chunks, so chunk edges add no clicks.
+
+    A stream holds back its filter's delay, and on a live call that is latency. Measured, 8 to
+    16 kHz in 20 ms chunks: soxr holds 66 ms ("HQ") or 26 ms ("MQ"); libswresample (`av`), 2 ms,
+    with images above 4 kHz at -51 dB. tiny.en's word error rate on the WER study's phone audio
+    was the same through all three (32.6-34.4%, as much as it moves between runs), so the
+    caller's audio goes through libswresample and reaches the VAD 64 ms sooner than with "HQ".
+    Reply audio is not streamed: each sentence is resampled whole (`resample`), so none of it
+    waits for the next.
+    """
 
     def __init__(self, source_rate: int, target_rate: int) -> None:
         self.source_rate = source_rate
@@ -135,11 +145,24 @@ class StreamResampler:
         self._stream = (
             None
             if source_rate == target_rate
-            else soxr.ResampleStream(source_rate, target_rate, 1, dtype="int16")
+            else av.AudioResampler(format="s16", layout="mono", rate=target_rate)
         )
 
     def __call__(self, pcm: PCM, last: bool = False) -> PCM:
+        """The resampled audio so far; `last` flushes what the filter still holds."""
         if self._stream is None:
             return np.asarray(pcm, dtype=np.int16)
-        out: PCM = self._stream.resample_chunk(np.asarray(pcm, dtype=np.int16), last=last)
-        return out
+        frames = []
+        if len(pcm):
+            frame = av.AudioFrame.from_ndarray(
+                np.ascontiguousarray(pcm, dtype=np.int16).reshape(1, -1),
+                format="s16",
+                layout="mono",
+            )
+            frame.sample_rate = self.source_rate
+            frames += self._stream.resample(frame)
+        if last:
+            frames += self._stream.resample(None)
+        if not frames:
+            return np.zeros(0, dtype=np.int16)
+        return np.concatenate([f.to_ndarray().reshape(-1) for f in frames]).astype(np.int16)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from importlib import resources
 from urllib.parse import parse_qsl
 
+import threadpoolctl
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from fastapi import Depends, FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -213,6 +214,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     _warn_if_exposed(settings)
     if settings.webrtc.ice_host_addresses:
         restrict_ice_host_addresses(settings.webrtc.ice_host_addresses)
+    # numpy's BLAS on one thread: its matrices here are small (faster-whisper's mel filter bank),
+    # and OpenBLAS's idle threads spin, which doubled the CPU of every transcription (70 ms).
+    threadpoolctl.threadpool_limits(1, user_api="blas")
     stt = SpeechToText.shared(settings.stt)
     phone_stt = SpeechToText.shared(settings.phone_stt)
     tts = TextToSpeech.shared(settings.tts)

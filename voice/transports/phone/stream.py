@@ -2,10 +2,11 @@
 wire protocol.
 
 The protocol module turns websocket messages into events and back; this module owns the
-socket, the per-call resamplers (one `soxr` stream per direction), real-time pacing of reply
-audio (never more than `lead_s` ahead of playback, so that a `clear` silences the phone at
-once) and the played position: a mark after each sentence, echoed by the provider when the
-phone has played it, says exactly how much of the reply the caller heard.
+socket, resampling (a `soxr` stream for the caller's audio, each reply sentence whole, so that
+none of it waits for the next), real-time pacing of reply audio (never more than `lead_s` ahead
+of playback, so that a `clear` silences the phone at once) and the played position: a mark
+after each sentence, echoed by the provider when the phone has played it, says exactly how much
+of the reply the caller heard.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pipeline.transport import (
     PlaybackCleared,
     until_hang_up,
 )
-from voice.audio import StreamResampler
+from voice.audio import StreamResampler, resample
 from voice.transports.phone.wire import Dtmf as WireDtmf
 from voice.transports.phone.wire import (
     Ignored,
@@ -92,11 +93,9 @@ class PhoneStream:
         self.send_timeout_s = send_timeout_s
         self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
         self._to_pipeline = StreamResampler(protocol.wire_rate, SAMPLE_RATE)
-        self._to_wire = StreamResampler(SAMPLE_RATE, protocol.wire_rate)
         self._frame_samples = protocol.frame_samples
         self._outbox: deque[_Frame | _Mark] = deque()
         self._outbox_ready = asyncio.Event()
-        self._partial = np.zeros(0, dtype=np.int16)
         self._queued = 0
         self._sent = 0
         self._played = 0
@@ -149,15 +148,11 @@ class PhoneStream:
         """Queue one sentence of reply audio, then a mark at its end."""
         if pcm.size == 0 or self._closed:
             return self._queued
-        wire = np.concatenate([self._partial, self._to_wire(pcm)])
-        whole = len(wire) // self._frame_samples * self._frame_samples
-        frames, self._partial = wire[:whole], wire[whole:]
-        if self._partial.size:  # pad the sentence's last frame rather than hold it back
-            pad = np.zeros(self._frame_samples - self._partial.size, dtype=np.int16)
-            frames = np.concatenate([frames, self._partial, pad])
-            self._partial = np.zeros(0, dtype=np.int16)
+        wire = resample(pcm, SAMPLE_RATE, self.protocol.wire_rate)  # whole: nothing held back
+        count = -(-len(wire) // self._frame_samples)
+        frames = np.zeros(count * self._frame_samples, dtype=np.int16)  # the last frame padded
+        frames[: len(wire)] = wire
         start, self._queued = self._queued, self._queued + int(pcm.size)
-        count = len(frames) // self._frame_samples
         for index in range(count):
             chunk = frames[index * self._frame_samples : (index + 1) * self._frame_samples]
             end = start + round((index + 1) * (self._queued - start) / count)
@@ -171,7 +166,6 @@ class PhoneStream:
     async def clear(self) -> None:
         """Drop unsent audio, tell the provider to drop what it buffered, settle the position."""
         self._outbox.clear()
-        self._partial = np.zeros(0, dtype=np.int16)
         self._update_slots()
         self._pending_marks.clear()  # Twilio echoes pending marks on clear: they were not heard
         self._slots.clear()
