@@ -12,12 +12,20 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import aioice.ice
 import pytest
 
 from voice.transports.webrtc import restrict_ice_host_addresses
 
-# aioice leaves 127.0.0.1 out of its host candidates; every peer in the tests stays on loopback.
-restrict_ice_host_addresses(["127.0.0.1"])
+
+@pytest.fixture(scope="session", autouse=True)
+def loopback_ice() -> Iterator[None]:
+    """aioice leaves 127.0.0.1 out of its host candidates, and every aiortc peer the tests make
+    in this process stays on loopback (servers get `HOTLINE_WEBRTC__ICE_HOST_ADDRESSES`)."""
+    original = aioice.ice.get_host_addresses
+    restrict_ice_host_addresses(["127.0.0.1"])
+    yield
+    aioice.ice.get_host_addresses = original
 
 
 # Barge-in must silence the reply within 300 ms of the caller's onset (the product target,

@@ -15,21 +15,18 @@ import contextlib
 import json
 import logging
 import time
-import uuid
-from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from voice.cluster.control import ControlChannel
+from voice.cluster.liveness import Liveness
 from voice.cluster.records import (
     TERMINAL_STATES,
     Admission,
     CallInfo,
-    NoAck,
     SessionSettings,
     SessionsUnavailable,
     UnknownCall,
@@ -38,64 +35,26 @@ from voice.cluster.records import (
 from voice.cluster.store import (
     DOWN,
     EVENTS_KEPT,
-    SCRIPTS,
     Args,
     Op,
-    active_key,
     call_keys,
     claim_key,
     connect,
-    control_list,
     decode,
     encode,
     event_json,
     index_experiment_call,
     not_cancelled,
-    reply_list,
     text,
     worker_keys,
-    workers_key,
 )
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Control:
-    """A command for a call of this worker; `ack` sends the result back to the sender."""
-
-    call_id: str
-    command: str
-    args: dict[str, Any]
-    reply_key: str
-    sessions: Sessions = field(repr=False)
-
-    async def ack(self, result: dict[str, Any]) -> None:
-        await self.sessions._reply(self.reply_key, result)
-
-
-class Sessions:
-    """This worker's view of the cluster: `open`, `start`, then `close`."""
-
-    def __init__(self, settings: SessionSettings, worker: WorkerInfo, client: aioredis.Redis):
-        self.settings, self.worker, self.redis = settings, worker, client
-        self.embedded = settings.redis_url is None
-        self.healthy = False  # Redis answered the last command
-        self._prefix = p = settings.key_prefix
-        self._workers_key, self._active_key = workers_key(p), active_key(p)
-        self._calls: dict[str, CallInfo] = {}  # this worker's active calls: the truth it syncs
-        self._turn_ms: dict[str, int] = {}  # the last turn id of each call here
-        self._outbox: deque[Op] = deque()
-        self._wake, self._empty = asyncio.Event(), asyncio.Event()
-        self._empty.set()
-        self._lock = asyncio.Lock()  # this worker's membership: admission, heartbeat, end
-        self._dropped = 0
-        self._incarnation = uuid.uuid4().hex  # tells this process from an earlier one, same id
-        self._reap_after = time.monotonic() + settings.worker_ttl_s
-        self._writer: asyncio.Task[None] | None = None
-        self._beater: asyncio.Task[None] | None = None
-        self._block_s = max(0.05, min(0.5, settings.socket_timeout_s / 2))  # < socket timeout
-        self._scripts = {name: client.register_script(lua) for name, lua in SCRIPTS.items()}
+class Sessions(Liveness, ControlChannel):
+    """This worker's view of the cluster: `open`, `start`, then `close`. Its heartbeat and
+    reaper are in `voice.cluster.liveness`, control commands in `voice.cluster.control`."""
 
     @classmethod
     async def open(cls, settings: SessionSettings, worker: WorkerInfo) -> Sessions:
@@ -142,25 +101,6 @@ class Sessions:
         except DOWN:
             log.warning("sessions: Redis unreachable at close; this worker will expire")
         await self.redis.aclose()
-
-    @property
-    def buffered(self) -> int:
-        """Writes waiting for Redis (metrics)."""
-        return len(self._outbox)
-
-    def _up(self) -> None:
-        if not self.healthy:
-            log.info("sessions: Redis reachable (%d writes buffered)", len(self._outbox))
-            if self._dropped:
-                log.warning("sessions: %d buffered writes were dropped", self._dropped)
-                self._dropped = 0
-            self._reap_after = time.monotonic() + self.settings.worker_ttl_s  # others return too
-        self.healthy = True
-
-    def _down(self, exc: BaseException) -> None:
-        if self.healthy:
-            log.warning("sessions: Redis unreachable (%s); buffering, calls go on", exc)
-        self.healthy = False
 
     # -- this worker's calls -------------------------------------------------------------------
 
@@ -259,17 +199,6 @@ class Sessions:
             return False
         return True
 
-    def _enqueue(self, op: Op) -> None:
-        if len(self._outbox) >= self.settings.outbox_limit:
-            events = [o for o in self._outbox if o.kind == "event"]
-            self._outbox.remove(events[0] if events else self._outbox[0])
-            if not self._dropped:
-                log.warning("sessions: outbox full, dropping the oldest writes")
-            self._dropped += 1
-        self._outbox.append(op)
-        self._empty.clear()
-        self._wake.set()
-
     async def _write_loop(self) -> None:
         delay = 0.02
         while not_cancelled():
@@ -315,87 +244,7 @@ class Sessions:
             await self._scripts["write_call"](keys=keys, args=args)
             await index_experiment_call(self.redis, self._prefix, op.call, retention)
 
-    # -- heartbeats and the reaper --------------------------------------------------------------
-
-    async def _beat(self) -> None:
-        worker = self.worker
-        worker.active_calls, worker.heartbeat_at = len(self._calls), time.time()
-        async with self._lock:
-            fields, calls = encode(worker), list(self._calls)
-            ttl_ms = int(self.settings.worker_ttl_s * 1000)
-            try:
-                existed, *stale = await self._scripts["heartbeat"](
-                    keys=worker_keys(self._prefix, worker.worker_id),
-                    args=[
-                        worker.worker_id,
-                        ttl_ms,
-                        self._incarnation,
-                        len(fields),
-                        *fields,
-                        *calls,
-                    ],
-                )
-            except DOWN as exc:
-                self._down(exc)
-                raise
-        self._up()
-        if not existed and calls:  # Redis forgot us (a restart) or we were reaped: rewrite
-            log.warning("sessions: worker %s back with %d calls", worker.worker_id, len(calls))
-            for call in self._calls.values():
-                self._enqueue(Op("record", call))
-        ending = {op.call.call_id for op in self._outbox if op.kind == "end"}
-        for call_id in {text(c) for c in stale} - ending:  # an earlier process with our id
-            await self._mark_lost(call_id, worker.worker_id)
-
-    async def _beat_loop(self) -> None:
-        while not_cancelled():
-            try:
-                await self._beat()
-                if time.monotonic() >= self._reap_after:
-                    await self.reap()
-            except DOWN:
-                pass  # noted by _beat; the next beat registers again
-            except RedisError:
-                log.exception("sessions: heartbeat failed")
-            await asyncio.sleep(self.settings.heartbeat_s)
-
-    async def reap(self) -> list[str]:
-        """Mark the calls of workers whose heartbeat expired `lost`; the call ids this claimed."""
-        registered = {text(w) for w in await self.redis.smembers(self._workers_key)}
-        claimed: list[str] = []
-        for worker_id in sorted(registered - {self.worker.worker_id}):
-            if not await self.redis.exists(worker_keys(self._prefix, worker_id)[0]):
-                claimed += await self._reap_worker(worker_id)
-        return claimed
-
-    async def _reap_worker(self, worker_id: str) -> list[str]:
-        keys = worker_keys(self._prefix, worker_id)
-        calls = [text(c) for c in await self._scripts["reap"](keys=keys, args=[worker_id])]
-        for call_id in calls:
-            await self._mark_lost(call_id, worker_id)
-        return calls
-
-    async def _mark_lost(self, call_id: str, worker_id: str) -> None:
-        log.warning("sessions: call %s lost with worker %s", call_id, worker_id)
-        fields = ["state", json.dumps("lost"), "ended_at", json.dumps(time.time())]
-        args: Args = [self.settings.retention_s, event_json("state", state="lost"), "lost"]
-        await self._scripts["write_call"](
-            keys=call_keys(self._prefix, call_id), args=[*args, *fields]
-        )
-
     # -- the cluster, read from any worker ---------------------------------------------------
-
-    async def _batch(self, commands: Any) -> list[Any]:
-        """Run `commands(pipe)` in one round trip; SessionsUnavailable if Redis is down."""
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                commands(pipe)
-                results: list[Any] = await pipe.execute()
-        except DOWN as exc:
-            self._down(exc)
-            raise SessionsUnavailable(str(exc)) from exc
-        self._up()
-        return results
 
     async def workers(self) -> list[WorkerInfo]:
         """Every live worker (heartbeat not expired)."""
@@ -451,69 +300,3 @@ class Sessions:
                     yield event
                     if event.get("type") == "state" and event.get("state") in TERMINAL_STATES:
                         return
-
-    # -- control ------------------------------------------------------------------------------
-
-    async def send_control(
-        self, call_id: str, command: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0
-    ) -> dict[str, Any]:
-        """Send `command` to the worker that owns the call; its ack. UnknownCall: no active call
-        has this id; NoAck: none within `timeout_s`; SessionsUnavailable: Redis is down."""
-        [owner] = await self._batch(lambda pipe: pipe.hget(self._active_key, call_id))
-        if owner is None:
-            raise UnknownCall(call_id)
-        reply_key = reply_list(self._prefix, uuid.uuid4().hex)
-        deadline = time.monotonic() + timeout_s
-        message: dict[str, Any] = {"call_id": call_id, "command": command, "args": args or {}}
-        message |= {"reply": reply_key, "expires_at": time.time() + timeout_s}
-        inbox = control_list(self._prefix, text(owner))
-        await self._batch(
-            lambda pipe: (
-                pipe.rpush(inbox, json.dumps(message)),
-                pipe.expire(inbox, max(60, int(timeout_s) + 1)),
-            )
-        )
-        while not_cancelled() and (left := deadline - time.monotonic()) > 0:
-            try:
-                popped = await self.redis.blpop([reply_key], timeout=min(left, self._block_s))
-            except DOWN as exc:
-                self._down(exc)
-                raise SessionsUnavailable(str(exc)) from exc
-            if popped is not None:
-                result: dict[str, Any] = json.loads(popped[1])
-                return result
-        raise NoAck(f"{command} for call {call_id}: no ack from worker {text(owner)}")
-
-    async def control_commands(self) -> AsyncIterator[Control]:
-        """Commands for this worker's calls, sent from any worker (one consumer per process).
-        A command for a call not (or no longer) here is acked `{"ok": False, ...}` here."""
-        inbox = control_list(self._prefix, self.worker.worker_id)
-        while not_cancelled():
-            try:
-                popped = await self.redis.blpop([inbox], timeout=self._block_s)
-            except RedisError as exc:
-                if not isinstance(exc, DOWN):
-                    log.exception("sessions: reading control commands")
-                self._down(exc)
-                await asyncio.sleep(self._block_s)
-                continue
-            if popped is None:
-                continue
-            message = json.loads(popped[1])
-            control = Control(
-                message["call_id"], message["command"], message["args"], message["reply"], self
-            )
-            if message["expires_at"] < time.time():
-                log.info("sessions: %s for call %s expired", control.command, control.call_id)
-            elif control.call_id not in self._calls:
-                await control.ack({"ok": False, "error": "unknown call"})
-            else:
-                yield control
-
-    async def _reply(self, reply_key: str, result: dict[str, Any]) -> None:
-        try:
-            await self._batch(
-                lambda pipe: (pipe.rpush(reply_key, json.dumps(result)), pipe.expire(reply_key, 60))
-            )
-        except SessionsUnavailable as exc:
-            log.warning("sessions: ack to %s lost: %s", reply_key, exc)
