@@ -36,10 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipeline.transport import SAMPLE_RATE
+
 if TYPE_CHECKING:
     from pipeline.stt import STTSettings
 
-RATE = 16_000
+RATE = SAMPLE_RATE  # Whisper hears 16 kHz, the pipeline's rate
 HOP = 160  # audio samples per log-mel frame (10 ms)
 FULL_WINDOW_S = 30  # Whisper's own window; longer audio is cut into 30 s windows
 BUCKETS_S: tuple[int, ...] = (10, 15, 20, FULL_WINDOW_S)

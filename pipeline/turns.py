@@ -37,7 +37,9 @@ import numpy as np
 import onnxruntime as ort
 from pydantic import BaseModel, Field
 
-RATE = 16_000
+from pipeline.transport import SAMPLE_RATE
+
+RATE = SAMPLE_RATE  # Silero's rate here, the pipeline's
 WINDOW = 512  # samples per Silero window at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous window prepended to each window (Silero v5/v6)
 HYSTERESIS = 0.15

@@ -14,9 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from pipeline.transport import FRAME_SAMPLES, SAMPLE_RATE
-
-PCM = npt.NDArray[np.int16]
+from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
 
 
 def resample(pcm: PCM, source_rate: int, rate: int = SAMPLE_RATE) -> PCM:

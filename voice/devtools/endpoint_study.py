@@ -33,11 +33,12 @@ import numpy as np
 
 from pipeline.endpoint import sounds_finished
 from pipeline.stt import STTSettings
+from pipeline.transport import SAMPLE_RATE
 from pipeline.turns import TurnDetector, TurnPause, TurnSegment, TurnSettings
 from voice.audio import PCM, frames
 from voice.devtools.wer_study import VOICES, Voice
 
-RATE = 16_000
+RATE = SAMPLE_RATE
 FRAME = RATE * 20 // 1000
 TAIL_MS = 1500  # silence after the words (300 ms of it from `Voice.speak`)
 LOUD = 1000  # a sample above this (-30 dBFS) after a pause is more speech

@@ -23,9 +23,10 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from pipeline.transport import SAMPLE_RATE
 from voice.audio import PCM, StreamResampler, mulaw_decode, mulaw_encode
 
-RATE = 16_000
+RATE = SAMPLE_RATE
 PHONE_RATE = 8_000
 PHONE_BAND_HZ = (300.0, 3400.0)
 
