@@ -14,7 +14,8 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
-from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
+from pipeline.transport import FRAME_SAMPLES, SAMPLE_RATE
+from pipeline.transport import PCM as PCM  # the edge speaks the pipeline's audio type
 
 
 def resample(pcm: PCM, source_rate: int, rate: int = SAMPLE_RATE) -> PCM:

@@ -31,6 +31,7 @@ from pipeline.transport import (
     PlaybackCleared,
     until_hang_up,
 )
+from voice.transports.positions import PositionWaiters
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class OutboundAudio(PacedAudioTrack):
         self._chunks: deque[PCM] = deque()
         self._queued = 0
         self._played = 0
-        self._waiters: list[tuple[int, asyncio.Future[float]]] = []
+        self._waiters = PositionWaiters()
 
     @property
     def queued_samples(self) -> int:
@@ -137,27 +138,21 @@ class OutboundAudio(PacedAudioTrack):
     def clear(self) -> None:
         self._chunks.clear()
         self._queued = self._played
-        self._fail_waiters()
+        self._waiters.fail()
 
     def wait_played(self, position: int) -> asyncio.Future[float]:
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        if position <= self._played:
-            future.set_result(time.monotonic())
-        elif position > self._queued:
-            future.set_exception(PlaybackCleared(f"position {position} was never queued"))
-        else:
-            self._waiters.append((position, future))
-        return future
+        if position <= self._played or position > self._queued:
+            future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+            if position <= self._played:
+                future.set_result(time.monotonic())
+            else:
+                future.set_exception(PlaybackCleared(f"position {position} was never queued"))
+            return future
+        return self._waiters.add(position)
 
     def stop(self) -> None:
-        self._fail_waiters()
+        self._waiters.fail()
         super().stop()
-
-    def _fail_waiters(self) -> None:
-        for _, future in self._waiters:
-            if not future.done():
-                future.set_exception(PlaybackCleared("playback cleared"))
-        self._waiters.clear()
 
     def next_frame(self) -> PCM:
         frame = np.zeros(FRAME_SAMPLES, dtype=np.int16)
@@ -172,15 +167,7 @@ class OutboundAudio(PacedAudioTrack):
             else:
                 self._chunks[0] = chunk[take:]
         self._played += filled
-        now = time.monotonic()
-        still_waiting = []
-        for position, future in self._waiters:
-            if position <= self._played:
-                if not future.done():
-                    future.set_result(now)
-            else:
-                still_waiting.append((position, future))
-        self._waiters = still_waiting
+        self._waiters.reach(self._played)
         return frame
 
 

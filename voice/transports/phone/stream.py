@@ -44,6 +44,7 @@ from voice.transports.phone.wire import (
     WireEvent,
     WireProtocol,
 )
+from voice.transports.positions import PositionWaiters
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +106,8 @@ class PhoneStream:
         self._burst_start = 0.0
         self._burst_frames = 0
         self._slots: deque[tuple[float, int]] = deque()  # (plays at, position) for mark-less
-        self._sent_waiters: list[tuple[int, asyncio.Future[float]]] = []
-        self._played_waiters: list[tuple[int, asyncio.Future[float]]] = []
+        self._sent_waiters = PositionWaiters()
+        self._played_waiters = PositionWaiters()
         self._closed = False
         self.last_audio_at = time.monotonic()  # when caller audio last came in
         self._sender = asyncio.create_task(self._send_loop(), name=f"send-{call_id}")
@@ -137,7 +138,7 @@ class PhoneStream:
         if position is None:
             return  # unknown, or pending when the reply was cleared: nothing more was heard
         self._played = max(self._played, position)
-        self._resolve(self._played_waiters, self._played)
+        self._played_waiters.reach(self._played)
 
     # -- Transport ---------------------------------------------------------------------------
 
@@ -171,8 +172,8 @@ class PhoneStream:
         self._slots.clear()
         self._queued = self._sent = self._played
         self._burst_frames = 0
-        self._fail(self._sent_waiters)
-        self._fail(self._played_waiters)
+        self._sent_waiters.fail()
+        self._played_waiters.fail()
         if not self._closed:
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
                 await _send(self.websocket, self.protocol.clear())
@@ -203,8 +204,8 @@ class PhoneStream:
             return
         self._closed = True
         self._sender.cancel()
-        self._fail(self._sent_waiters)
-        self._fail(self._played_waiters)
+        self._sent_waiters.fail()
+        self._played_waiters.fail()
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
             await self.websocket.close(1000)  # unless the other side already closed it
 
@@ -238,7 +239,7 @@ class PhoneStream:
                 self._burst_frames += 1
                 self._sent = item.end
                 self._slots.append((plays_at + _FRAME_S, item.end))
-                self._resolve(self._sent_waiters, self._sent)
+                self._sent_waiters.reach(self._sent)
         except TimeoutError:
             stalled = self.send_timeout_s
             log.warning("call %s: the client stopped reading for %.0f s", self.call_id, stalled)
@@ -258,19 +259,16 @@ class PhoneStream:
         now = time.monotonic()
         while self._slots and self._slots[0][0] <= now:
             self._played = max(self._played, self._slots.popleft()[1])
-        self._resolve(self._played_waiters, self._played)
+        self._played_waiters.reach(self._played)
 
     # -- waiters -----------------------------------------------------------------------------
 
-    async def _wait(
-        self, waiters: list[tuple[int, asyncio.Future[float]]], position: int, reached: int
-    ) -> float:
+    async def _wait(self, waiters: PositionWaiters, position: int, reached: int) -> float:
         if position <= reached:
             return time.monotonic()
         if position > self._queued or self._closed:
             raise PlaybackCleared(f"position {position} is not queued")
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        waiters.append((position, future))
+        future = waiters.add(position)
         if waiters is self._played_waiters and not self.protocol.supports_marks:
             self._schedule_slot_check(position)
         return await future
@@ -281,26 +279,10 @@ class PhoneStream:
 
         def check() -> None:
             self._update_slots()
-            if any(p == position and not f.done() for p, f in self._played_waiters):
+            if self._played_waiters.waiting_for(position):
                 loop.call_later(_FRAME_S, check)
 
         loop.call_later(_FRAME_S, check)
-
-    @staticmethod
-    def _resolve(waiters: list[tuple[int, asyncio.Future[float]]], reached: int) -> None:
-        now = time.monotonic()
-        for position, future in list(waiters):
-            if position <= reached:
-                if not future.done():
-                    future.set_result(now)
-                waiters.remove((position, future))
-
-    @staticmethod
-    def _fail(waiters: list[tuple[int, asyncio.Future[float]]]) -> None:
-        for _, future in waiters:
-            if not future.done():
-                future.set_exception(PlaybackCleared("playback cleared"))
-        waiters.clear()
 
 
 async def receive(websocket: WebSocket) -> str | bytes | None:
