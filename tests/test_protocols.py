@@ -454,6 +454,50 @@ def test_telnyx_rejects_media_before_start_and_a_start_without_stream_id() -> No
         TelnyxProtocol().parse(json.dumps({**TELNYX_START, "start": start}))
 
 
+# -- what Twilio and Telnyx share (JsonMediaProtocol) --------------------------------------
+
+JSON_STREAMS = {
+    "twilio": (started_twilio, TWILIO_START, json.dumps(TWILIO_MEDIA), json.dumps(TWILIO_STOP)),
+    "telnyx": (
+        started_telnyx,
+        TELNYX_START,
+        telnyx_media(2),
+        json.dumps({"event": "stop", "sequence_number": "3", "stream_id": STREAM_ID}),
+    ),
+}
+
+
+@pytest.mark.parametrize("provider", JSON_STREAMS)
+def test_json_streams_share_their_order_of_events(provider: str) -> None:
+    started, start, media, stop = JSON_STREAMS[provider]
+    protocol = started()
+    with pytest.raises(ProtocolError, match="second start"):
+        protocol.parse(json.dumps(start))
+    assert len(media_of(protocol.parse(media))) == 1  # a refused second start changes nothing
+    assert protocol.parse(stop)[-1] == Stop("stream stopped")
+    for late in (media, stop, json.dumps(start), json.dumps({"event": "connected"})):
+        with pytest.raises(ProtocolError, match="after stop"):
+            protocol.parse(late)
+
+
+@pytest.mark.parametrize("provider", JSON_STREAMS)
+def test_json_streams_hear_only_the_inbound_track(provider: str) -> None:
+    started, _, media, _ = JSON_STREAMS[provider]
+    message = json.loads(media)
+    message["media"]["track"] = "outbound"
+    assert started().parse(json.dumps(message)) == [Ignored("outbound track")]
+    del message["media"]["track"]  # no track: inbound
+    assert len(media_of(started().parse(json.dumps(message)))) == 1
+
+
+@pytest.mark.parametrize("provider", JSON_STREAMS)
+@pytest.mark.parametrize("event", ["dtmf", "mark", "stop", "error", "clear"])
+def test_json_streams_refuse_events_before_start(provider: str, event: str) -> None:
+    protocol = {"twilio": TwilioProtocol, "telnyx": TelnyxProtocol}[provider]()
+    with pytest.raises(ProtocolError, match="before start"):
+        protocol.parse(json.dumps({"event": event}))
+
+
 # -- Vonage --------------------------------------------------------------------------------
 
 VONAGE_CONNECTED = {

@@ -11,104 +11,83 @@ before it has played, at once if nothing is queued, and returns queued marks on 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from voice.transports.phone.json_media import JsonMediaProtocol
 from voice.transports.phone.wire import (
-    PCM,
-    Dtmf,
     Ignored,
-    MarkPlayed,
     Media,
     ProtocolError,
-    Start,
-    Stop,
     WireEvent,
-    decode_mulaw_payload,
-    encode_mulaw_payload,
-    json_message,
-    object_field,
-    string_map,
     text_field,
 )
 
 REORDER_WINDOW = 5  # frames (100 ms) held back waiting for a missing one before skipping it
-_MULAW = ("PCMU", "audio/x-mulaw")
 
 
-class TelnyxProtocol:
-    """One Telnyx media stream in bidirectional RTP mode with the PCMU codec."""
+class TelnyxProtocol(JsonMediaProtocol):
+    """One Telnyx media stream in bidirectional RTP mode with the PCMU codec.
+
+    The numbers are `start.from` and `start.to`; a string `start.client_state` joins the custom
+    parameters unless one of them has that name. Our messages carry no stream id.
+    """
 
     name = "telnyx"
     wire_rate = 8000
     frame_samples = 160
     supports_marks = True
 
+    media_format_field = "media_format"
+    sample_rate_field = "sample_rate"
+    encodings = ("PCMU", "audio/x-mulaw")
+    parameters_field = "custom_parameters"
+    call_id_field = "call_control_id"
+
     def __init__(self, reorder_window: int = REORDER_WINDOW) -> None:
-        self.stream_id: str | None = None
-        self.stopped = False
+        super().__init__()
         self.reorder_window = reorder_window
         self.late_frames = 0  # media that arrived after its place had been given up
         self._next: int | None = None  # the sequence number released next
         self._held: dict[int, Media | None] = {}  # waiting for a gap; None: a non-media slot
 
-    def parse(self, message: str | bytes) -> list[WireEvent]:
-        data = json_message(message)
-        event = text_field(data, "event")
-        if self.stopped:
-            raise ProtocolError(f"{event!r} after stop")
-        if event == "connected":
-            return [Ignored("connected")]
-        if event == "start":
-            return [self._start(data)]
-        if self.stream_id is None:
-            raise ProtocolError(f"{event!r} before start")
-        if event == "media":
-            media = object_field(data, "media")
-            if media.get("track", "inbound") != "inbound":
-                return [Ignored("outbound track")]
-            frame = Media(decode_mulaw_payload(text_field(media, "payload")))
-            return self._in_order(_sequence(data), frame)
-        if event == "dtmf":
-            return [*self._in_order(_sequence(data), None), Dtmf(text_field(data, "dtmf", "digit"))]
-        if event == "mark":
-            name = text_field(data, "mark", "name")
-            return [*self._in_order(_sequence(data), None), MarkPlayed(name)]
-        if event == "error":
-            payload = data.get("payload")
-            detail = payload if isinstance(payload, dict) else {}
-            return [Ignored(f"error {detail.get('code')}: {detail.get('detail') or detail}")]
-        if event == "stop":
-            self.stopped = True
-            flushed = [held for _, held in sorted(self._held.items()) if held is not None]
-            self._held.clear()
-            return [*flushed, Stop("stream stopped")]
-        raise ProtocolError(f"unknown event {event!r}")
-
-    def _start(self, data: dict[str, Any]) -> Start:
-        if self.stream_id is not None:
-            raise ProtocolError("second start")
-        start = object_field(data, "start")
-        media_format = object_field(start, "media_format")
-        encoding = media_format.get("encoding")
-        rate = media_format.get("sample_rate")
-        if encoding not in _MULAW or rate != self.wire_rate:
-            raise ProtocolError(f"unsupported media format {encoding!r} at {rate!r} Hz")
-        parameters = string_map(start.get("custom_parameters"), "start.custom_parameters")
+    def _parameters(self, start: dict[str, Any]) -> dict[str, str]:
+        parameters = super()._parameters(start)
         if isinstance(start.get("client_state"), str):
             parameters.setdefault("client_state", start["client_state"])
+        return parameters
+
+    def _parties(
+        self, start: dict[str, Any], parameters: dict[str, str]
+    ) -> tuple[str | None, str | None]:
         caller, callee = start.get("from"), start.get("to")
-        self.stream_id = text_field(data, "stream_id")
+        return (
+            caller if isinstance(caller, str) else None,
+            callee if isinstance(callee, str) else None,
+        )
+
+    def _stream_id(self, data: dict[str, Any], start: dict[str, Any]) -> str:
+        return text_field(data, "stream_id")
+
+    def _started(self, data: dict[str, Any]) -> None:
         sequence = _sequence(data)
         self._next = None if sequence is None else sequence + 1
-        return Start(
-            call_id=text_field(start, "call_control_id"),
-            stream_id=self.stream_id,
-            caller=caller if isinstance(caller, str) else None,
-            callee=callee if isinstance(callee, str) else None,
-            parameters=parameters,
-            sample_rate=self.wire_rate,
-        )
+
+    def _release(self, data: dict[str, Any], frame: Media | None) -> list[WireEvent]:
+        return self._in_order(_sequence(data), frame)
+
+    def _flush(self) -> list[WireEvent]:
+        flushed: list[WireEvent] = [
+            held for _, held in sorted(self._held.items()) if held is not None
+        ]
+        self._held.clear()
+        return flushed
+
+    def _other_event(self, event: str, data: dict[str, Any]) -> list[WireEvent]:
+        if event != "error":
+            return super()._other_event(event, data)
+        payload = data.get("payload")
+        detail = payload if isinstance(payload, dict) else {}
+        return [Ignored(f"error {detail.get('code')}: {detail.get('detail') or detail}")]
 
     def _in_order(self, sequence: int | None, frame: Media | None) -> list[WireEvent]:
         """Media released in sequence order; other events only fill their slot."""
@@ -133,15 +112,6 @@ class TelnyxProtocol:
             if held is not None:
                 released.append(held)
         return released
-
-    def media(self, pcm: PCM) -> str:
-        return json.dumps({"event": "media", "media": {"payload": encode_mulaw_payload(pcm)}})
-
-    def mark(self, name: str) -> str:
-        return json.dumps({"event": "mark", "mark": {"name": name}})
-
-    def clear(self) -> str:
-        return json.dumps({"event": "clear"})
 
 
 def _sequence(data: dict[str, Any]) -> int | None:

@@ -1,7 +1,8 @@
 """Twilio Media Streams, the wire protocol only: messages in and out, TwiML, webhook signatures.
 
-What every phone protocol shares is in `wire.py`. Nothing here touches a socket or the event
-loop, so each message shape is a plain unit test.
+What every phone protocol shares is in `wire.py`, what Twilio's and Telnyx's JSON media streams
+share in `json_media.py`. Nothing here touches a socket or the event loop, so each message shape
+is a plain unit test.
 
 Message shapes follow Twilio's "Media Streams - WebSocket Messages" page: `connected` (no
 `sequenceNumber`), then `start`, `media`, `dtmf`, `mark`, `stop`, each with `streamSid` and a
@@ -15,29 +16,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any
 
-from voice.transports.phone.wire import (
-    PCM,
-    Dtmf,
-    Ignored,
-    MarkPlayed,
-    Media,
-    ProtocolError,
-    Start,
-    Stop,
-    WireEvent,
-    decode_mulaw_payload,
-    encode_mulaw_payload,
-    json_message,
-    object_field,
-    string_map,
-    text_field,
-)
+from voice.transports.phone.json_media import JsonMediaProtocol
+from voice.transports.phone.wire import text_field
 
 CALLER_PARAMETER = "from"  # <Parameter> names `stream_twiml` callers use for the numbers
 CALLEE_PARAMETER = "to"
@@ -49,79 +34,45 @@ _NOT_XML_SAFE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
 # -- Twilio Media Streams ------------------------------------------------------------------
 
 
-class TwilioProtocol:
-    """One Twilio Media Stream (bidirectional, from `<Connect><Stream>`)."""
+class TwilioProtocol(JsonMediaProtocol):
+    """One Twilio Media Stream (bidirectional, from `<Connect><Stream>`).
+
+    The numbers come from the `<Parameter>`s `stream_twiml` was given; every message we send
+    names the stream's `streamSid`.
+    """
 
     name = "twilio"
     wire_rate = 8000
     frame_samples = 160
     supports_marks = True
 
-    def __init__(self) -> None:
-        self.stream_sid: str | None = None
-        self.stopped = False
+    media_format_field = "mediaFormat"
+    sample_rate_field = "sampleRate"
+    encodings = ("audio/x-mulaw",)
+    parameters_field = "customParameters"
+    call_id_field = "callSid"
 
-    def parse(self, message: str | bytes) -> list[WireEvent]:
-        data = json_message(message)
-        event = text_field(data, "event")
-        if self.stopped:
-            raise ProtocolError(f"{event!r} after stop")
-        if event == "connected":
-            return [Ignored("connected")]
-        if event == "start":
-            return [self._start(data)]
-        if self.stream_sid is None:
-            raise ProtocolError(f"{event!r} before start")
-        if event == "media":
-            media = object_field(data, "media")
-            if media.get("track", "inbound") != "inbound":
-                return [Ignored("outbound track")]
-            return [Media(decode_mulaw_payload(text_field(media, "payload")))]
-        if event == "dtmf":
-            return [Dtmf(text_field(data, "dtmf", "digit"))]
-        if event == "mark":
-            return [MarkPlayed(text_field(data, "mark", "name"))]
-        if event == "stop":
-            self.stopped = True
-            return [Stop("stream stopped")]
-        raise ProtocolError(f"unknown event {event!r}")
+    @property
+    def stream_sid(self) -> str | None:
+        """Twilio's name for the stream id: `start.streamSid`, None before the start message."""
+        return self.stream_id
 
-    def _start(self, data: dict[str, Any]) -> Start:
-        if self.stream_sid is not None:
-            raise ProtocolError("second start")
-        start = object_field(data, "start")
-        media_format = object_field(start, "mediaFormat")
-        encoding = media_format.get("encoding")
-        rate = media_format.get("sampleRate")
-        if encoding != "audio/x-mulaw" or rate != self.wire_rate:
-            raise ProtocolError(f"unsupported media format {encoding!r} at {rate!r} Hz")
-        parameters = string_map(start.get("customParameters"), "start.customParameters")
-        self.stream_sid = text_field(start, "streamSid")
-        return Start(
-            call_id=text_field(start, "callSid"),
-            stream_id=self.stream_sid,
-            caller=parameters.get(CALLER_PARAMETER),
-            callee=parameters.get(CALLEE_PARAMETER),
-            parameters=parameters,
-            sample_rate=self.wire_rate,
-        )
+    @stream_sid.setter
+    def stream_sid(self, value: str | None) -> None:
+        self.stream_id = value
 
-    def _sid(self) -> str:
-        if self.stream_sid is None:
+    def _parties(
+        self, start: dict[str, Any], parameters: dict[str, str]
+    ) -> tuple[str | None, str | None]:
+        return parameters.get(CALLER_PARAMETER), parameters.get(CALLEE_PARAMETER)
+
+    def _stream_id(self, data: dict[str, Any], start: dict[str, Any]) -> str:
+        return text_field(start, "streamSid")
+
+    def _address(self) -> dict[str, str]:
+        if self.stream_id is None:
             raise RuntimeError("nothing can be sent to Twilio before its start message")
-        return self.stream_sid
-
-    def media(self, pcm: PCM) -> str:
-        payload = encode_mulaw_payload(pcm)
-        return json.dumps(
-            {"event": "media", "streamSid": self._sid(), "media": {"payload": payload}}
-        )
-
-    def mark(self, name: str) -> str:
-        return json.dumps({"event": "mark", "streamSid": self._sid(), "mark": {"name": name}})
-
-    def clear(self) -> str:
-        return json.dumps({"event": "clear", "streamSid": self._sid()})
+        return {"streamSid": self.stream_id}
 
 
 # -- TwiML ---------------------------------------------------------------------------------
