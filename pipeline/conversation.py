@@ -29,7 +29,9 @@ import soxr
 from pydantic import BaseModel, Field
 
 from pipeline.endpoint import leaves_hanging, sounds_finished
-from pipeline.llm import ChatMessage, LLMError
+from pipeline.llm.client import ChatMessage
+from pipeline.llm.decision import Decision
+from pipeline.llm.errors import LLMError
 from pipeline.records import TurnClock, TurnRecord
 from pipeline.scheduling import Urgency
 from pipeline.sentences import SentenceSettings, SentenceSplitter
@@ -70,12 +72,13 @@ class SpeechSynthesizer(Protocol):
 
 
 class ReplyStream(Protocol):
-    """One turn's reply (`pipeline.routing.RoutedReply`): text deltas, and what they came from."""
+    """One turn's reply (`pipeline.llm.routing.RoutedReply`): text deltas, and what they came
+    from."""
 
     filler: str | None  # a short phrase to say at once: the reply will be late
 
     @property
-    def requested_tier(self) -> str | None: ...
+    def service_tier_requested(self) -> str | None: ...
     @property
     def effort(self) -> str | None: ...
     @property
@@ -83,7 +86,7 @@ class ReplyStream(Protocol):
     @property
     def requested_at(self) -> float: ...
     @property
-    def service_tier(self) -> str | None: ...
+    def service_tier_served(self) -> str | None: ...
     @property
     def reasoning_tokens(self) -> int | None: ...
     @property
@@ -93,13 +96,13 @@ class ReplyStream(Protocol):
 
     async def aclose(self) -> None: ...
 
-    def finish(self, timings_ms: Mapping[str, float]) -> dict[str, object] | None:
+    def finish(self, timings_ms: Mapping[str, float]) -> Decision | None:
         """The turn is over: learn from its timings; the decision for the turn record."""
         ...
 
 
 class LanguageModel(Protocol):
-    """The call's LLM (`pipeline.routing.CallLLM`): plans and streams each turn's reply."""
+    """The call's LLM (`pipeline.llm.routing.CallLLM`): plans and streams each turn's reply."""
 
     experiment: str | None
     arm: str | None
@@ -181,7 +184,9 @@ class _Early(NamedTuple):
 
 
 class Conversation:
-    """The per-call loop of DESIGN.md; owns the call's state and at most one response task."""
+    """One call's loop, as drawn in the module docstring: turns from the caller's audio,
+    barge-in, one response task at a time (STT -> LLM -> sentences -> TTS -> transport);
+    owns the call's state and history. Where it sits: README, "Architecture"."""
 
     def __init__(
         self,
@@ -574,7 +579,6 @@ class Conversation:
             return
         turn, said, finished = reply.turn, reply.said, reply.finished
         heard = heard_text(reply.spoken, self.transport.played_samples)
-        budget = decision.get("budget_ms") if decision else None
         ttft = None
         if stream.first_token_at is not None:
             ttft = round((stream.first_token_at - stream.requested_at) * 1e3, 1)
@@ -585,9 +589,9 @@ class Conversation:
             generated_text=reply.generated,
             interrupted=not finished,
             effort=stream.effort,
-            tier=stream.requested_tier,
-            tier_used=stream.service_tier,
-            reason=str(decision["reason"]) if decision else "",
+            service_tier_requested=stream.service_tier_requested,
+            service_tier_served=stream.service_tier_served,
+            reason=decision.reason if decision else "",
             timings_ms=clock.ms(),
             stt_inference_ms=stt_ms,
             llm_ttft_ms=ttft,
@@ -596,7 +600,7 @@ class Conversation:
             started_at=time.time() - (time.monotonic() - clock.zero),
             experiment=self.llm.experiment,
             arm=self.llm.arm,
-            budget_ms=budget if isinstance(budget, int | float) else None,
+            budget_ms=decision.budget_ms if decision else None,
             decision=decision,
             speculative=reply.gate is not None,
             speculations_discarded=self._discarded_in_turn,
@@ -662,8 +666,8 @@ class Conversation:
                 generated_text="",
                 interrupted=True,
                 effort=None,
-                tier=None,
-                tier_used=None,
+                service_tier_requested=None,
+                service_tier_served=None,
                 reason="the caller hung up before the reply",
                 timings_ms=clock.ms(),
                 stt_inference_ms=round(transcript.inference_s * 1e3, 1),

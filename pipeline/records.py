@@ -10,6 +10,8 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 
+from pipeline.llm.decision import Decision
+
 log = logging.getLogger(__name__)
 
 # Stage names in pipeline order, each a moment measured from the end of the caller's speech.
@@ -42,9 +44,6 @@ class TurnClock:
             return
         self._marks[stage] = moment
 
-    def at(self, stage: str) -> float | None:
-        return self._marks.get(stage)
-
     def ms(self) -> dict[str, float]:
         """Each marked stage in milliseconds since the end of caller speech."""
         return {
@@ -64,8 +63,8 @@ class TurnRecord:
     generated_text: str  # what the LLM produced before the turn ended
     interrupted: bool
     effort: str | None
-    tier: str | None  # requested service tier
-    tier_used: str | None  # as echoed by the provider
+    service_tier_requested: str | None  # the service_tier sent (not our tier's name)
+    service_tier_served: str | None  # the service_tier the provider echoed as serving it
     reason: str
     timings_ms: dict[str, float] = field(default_factory=dict)
     stt_inference_ms: float | None = None
@@ -76,9 +75,10 @@ class TurnRecord:
     experiment: str | None = None  # the call's experiment and arm, if it is in one
     arm: str | None = None
     budget_ms: float | None = None  # the voice-to-voice budget the turn was planned for
-    # The controller's decision: planned vs spoken tier and effort, predicted vs actual first
-    # audio, why, and every request tried (`pipeline.routing.RoutedReply.finish`).
-    decision: dict[str, object] | None = None
+    # The controller's decision: planned vs spoken tier (our tier's name) and effort, predicted
+    # vs actual first audio, why, and every request tried (`pipeline.llm.decision`); a dict
+    # in `to_dict()`.
+    decision: Decision | None = None
     speculative: bool = False  # the reply began at the caller's pause, held until the turn ended
     # Replies begun at earlier pauses of this turn and thrown away (the caller spoke on): LLM
     # requests the operator paid for that nobody heard.

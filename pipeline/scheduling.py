@@ -74,6 +74,3 @@ class UrgentFirst:
             first[2].set_result(None)
             return
         self._free += 1
-
-    def shutdown(self, wait: bool = True) -> None:
-        self._executor.shutdown(wait=wait)

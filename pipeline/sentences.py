@@ -38,7 +38,6 @@ sentences do not depend on how the stream was cut into deltas.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncGenerator, AsyncIterable
 from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -317,21 +316,3 @@ def speakable(text: str) -> str:
     text = _LONE_HASHES.sub("", text)
     text = " ".join(text.split())
     return _TRAILING_DASH.sub(",", text) if _has_word(text) else text
-
-
-async def sentences(
-    tokens: AsyncIterable[str], settings: SentenceSettings | None = None
-) -> AsyncGenerator[str, None]:
-    """Sentences of a streamed reply, each as soon as it is known. Closes `tokens` when done."""
-    splitter = SentenceSplitter(settings)
-    stream = aiter(tokens)
-    try:
-        async for delta in stream:
-            for sentence in splitter.push(delta):
-                yield sentence
-        for sentence in splitter.flush():
-            yield sentence
-    finally:
-        aclose = getattr(stream, "aclose", None)
-        if aclose is not None:
-            await aclose()

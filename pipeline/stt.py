@@ -280,10 +280,6 @@ class SpeechToText:
             self._windowed.decode(tone, window_for(len(tone) / RATE) or FULL_WINDOW_S, 8)
         self._full(tone, 8)
 
-    def close(self) -> None:
-        """Stop the worker threads (queued transcriptions still finish)."""
-        self._workers.shutdown(wait=True)
-
     def _run(self, audio: np.ndarray, submitted: float) -> Transcript:
         started = time.perf_counter()
         samples = _as_float32(audio)

@@ -21,7 +21,7 @@ from voice.devtools.bench import (
     summarize,
     twilio_stream_url,
 )
-from voice.devtools.webrtc_caller import CallerTurn, CallResult
+from voice.devtools.turns import CallerTurn, CallResult
 
 
 def test_percentiles_interpolate_between_ranks() -> None:

@@ -11,7 +11,7 @@ import pytest
 from pipeline.stt import SpeechToText
 from tests.conftest import BARGE_IN_BOUND_MS, Server
 from tests.speech import concat, piper, silence
-from voice.devtools.phone_caller import place_twilio_call
+from voice.devtools.twilio_call import place_twilio_call
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +108,8 @@ async def test_barge_in_sends_clear_and_history_is_cut_at_the_last_echoed_mark(
     print(f"heard before the clear: {heard!r}")
     assert heard, "the first sentence was played and its mark echoed"
     assert not heard.endswith("—"), "phone history is cut at a mark, never mid-sentence"
-    assert words(generated) > words(heard) or len(generated) > len(heard)
+    # The sentence playing at the clear was generated but is not in the history.
+    assert len(generated) > len(heard)
     history = detail["history"]
     assert isinstance(history, list)
     assert history[1] == {"role": "assistant", "content": heard}

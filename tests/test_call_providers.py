@@ -31,7 +31,7 @@ from pipeline.transport import FRAME_SAMPLES
 from tests.conftest import Server
 from tests.speech import concat, espeak, silence
 from voice.audio import StreamResampler, mulaw_encode
-from voice.devtools.webrtc_caller import voiced_span
+from voice.devtools.turns import voiced_span
 
 pytestmark = pytest.mark.slow
 

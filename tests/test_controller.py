@@ -7,19 +7,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pipeline.controller import (
-    DEFAULT_TIERS,
-    EFFORTS,
-    FAST_TIER,
-    STANDARD_TIER,
-    Controller,
-    ControllerSettings,
-    TierOption,
-    TurnContext,
-    TurnOutcome,
-    TurnPlan,
-    decision_record,
-)
+from pipeline.llm.controller import Controller, TurnContext, TurnPlan
+from pipeline.llm.decision import Decision
+from pipeline.llm.estimates import TurnOutcome
+from pipeline.llm.settings import ControllerSettings
+from pipeline.llm.tiers import DEFAULT_TIERS, EFFORTS, FAST_TIER, STANDARD_TIER, TierOption
 
 # Reasoning tokens per effort, as the simulator spends them.
 SIM_REASONING = dict(zip(EFFORTS, (0, 16, 64, 256, 1024, 2048, 4096), strict=True))
@@ -315,19 +307,23 @@ def test_hedge_fires_another_tier_or_a_lower_effort_at_the_deadline() -> None:
     assert make().plan(CTX).hedge is None
 
 
-def test_decision_record_says_what_spoke_and_how_far_the_prediction_was() -> None:
+def test_decision_says_what_spoke_and_how_far_the_prediction_was() -> None:
     ctrl = make(hedge=True)
     plan = ctrl.plan(CTX)
     assert plan.hedge is not None
     spoke = FAST.outcome(plan, CTX)
-    record = decision_record(plan, spoke)
-    assert record["taken"] == "planned" and record["reason"] == plan.reason
+    decision = Decision.of(plan, spoke)
+    assert decision.taken == "planned" and decision.reason == plan.reason
+    assert (decision.tier, decision.planned_tier) == (plan.tier, plan.tier)
     assert spoke.first_audio_ms is not None
-    assert record["error_ms"] == round(spoke.first_audio_ms - plan.predicted_first_audio_ms, 1)
+    assert decision.error_ms == round(spoke.first_audio_ms - plan.predicted_first_audio_ms, 1)
     hedged = STANDARD.outcome(plan.hedge, CTX)
-    assert decision_record(plan, hedged)["taken"] == "hedge"
-    fallback = decision_record(plan, TurnOutcome(tier="standard", effort="max"))
-    assert fallback["taken"] == "fallback" and fallback["error_ms"] is None
+    assert Decision.of(plan, hedged).taken == "hedge"
+    fallback = Decision.of(plan, TurnOutcome(tier="standard", effort="max"))
+    assert fallback.taken == "fallback" and fallback.error_ms is None
+    unanswered = Decision.of(plan, None, "failed")
+    assert (unanswered.taken, unanswered.tier, unanswered.effort) == ("failed", None, None)
+    assert unanswered.planned_tier == plan.tier and unanswered.actual_first_audio_ms is None
 
 
 def test_bad_inputs_are_refused() -> None:

@@ -9,13 +9,16 @@ audio in real time, as a phone line does.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import numpy as np
 
 from pipeline.conversation import Conversation, ConversationSettings, heard_text
-from pipeline.llm import ChatMessage, LLMError
+from pipeline.llm.client import ChatMessage
+from pipeline.llm.decision import Decision
+from pipeline.llm.errors import LLMError
 from pipeline.records import TurnRecord
 from pipeline.scheduling import Urgency
 from pipeline.stt import Transcript
@@ -54,9 +57,9 @@ class ScriptedReply:
         self.tokens_per_s = tokens_per_s
         self.requested_at = time.monotonic()
         self.first_token_at: float | None = None
-        self.requested_tier: str | None = "priority"
+        self.service_tier_requested: str | None = "priority"
         self.effort: str | None = "low"
-        self.service_tier: str | None = "priority"
+        self.service_tier_served: str | None = "default"  # the provider served another
         self.reasoning_tokens: int | None = 0
         self.output_tokens: int | None = None
         self.filler: str | None = None
@@ -83,9 +86,23 @@ class ScriptedReply:
     async def aclose(self) -> None:
         self.closed = True
 
-    def finish(self, timings_ms: Mapping[str, float]) -> dict[str, object] | None:
+    def finish(self, timings_ms: Mapping[str, float]) -> Decision | None:
         self.finished_with = dict(timings_ms)
-        return {"reason": "scripted", "budget_ms": 1000.0, "taken": "planned"}
+        return Decision(
+            tier="fast",
+            effort=self.effort,
+            planned_tier="fast",
+            planned_effort="low",
+            taken="planned",
+            reason="scripted",
+            budget_ms=1000.0,
+            fits=True,
+            filler=None,
+            first_token_deadline_ms=300.0,
+            predicted_first_audio_ms=600.0,
+            actual_first_audio_ms=timings_ms.get("first_audio"),
+            error_ms=None,
+        )
 
 
 class ScriptedLLM:
@@ -247,6 +264,9 @@ async def test_a_turn_is_answered_and_timed_in_order() -> None:
     assert llm.streams[0].finished_with == record.timings_ms
     assert record.decision is not None and record.reason == "scripted"
     assert record.budget_ms == 1000.0
+    assert (record.service_tier_requested, record.service_tier_served) == ("priority", "default")
+    decision = json.loads(json.dumps(record.to_dict()))["decision"]  # as the calls API serves it
+    assert (decision["taken"], decision["tier"], decision["attempts"]) == ("planned", "fast", [])
 
 
 async def test_barge_in_clears_the_line_closes_the_stream_and_keeps_what_was_heard() -> None:

@@ -49,8 +49,10 @@ def turn(
         "turn": n,
         "interrupted": interrupted,
         "timings_ms": timings,
-        "effort": "stale",  # decision's effort/tier win over the top-level ones
-        "tier": "stale",
+        "effort": "stale",  # the decision's effort wins over the top-level one
+        # the provider's service tiers: never counted as tiers (those are the decision's)
+        "service_tier_requested": "stale",
+        "service_tier_served": "stale",
         "decision": {
             "taken": taken,
             "effort": effort,
@@ -179,6 +181,14 @@ def test_no_budget_gives_no_within_share_and_skips_that_difference() -> None:
     report = build_report(records, EXP)
     assert report.arms[0].within_budget is None and report.arms[1].within_budget == 1.0
     assert "within_budget" not in {d.metric for d in report.differences}
+
+
+def test_tier_mix_counts_the_tiers_that_spoke_not_service_tiers() -> None:
+    answered = turn("a", "x", 700.0, tier="fast")
+    failed = turn("b", "x", None, taken="failed")
+    failed["decision"] |= {"tier": None, "effort": None}  # no tier answered
+    report = build_report([answered, failed], EXP)
+    assert report.arms[0].tiers == {"fast": 1}  # not the failed turn's service tier, "stale"
 
 
 def clustered_arm(clustered: bool) -> list[dict[str, Any]]:

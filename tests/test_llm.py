@@ -13,7 +13,9 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 from starlette.applications import Starlette
 
-from pipeline.llm import DEFAULT_SYSTEM_PROMPT, ChatMessage, LLMClient, LLMError, LLMSettings
+from pipeline.llm.client import ChatMessage, LLMClient
+from pipeline.llm.errors import LLMError
+from pipeline.llm.settings import DEFAULT_SYSTEM_PROMPT, LLMSettings
 from voice.llm_sim.simulator import (
     SimulatorSettings,
     SimulatorStats,
@@ -141,7 +143,7 @@ async def test_stream_attributes_fill_in(sim: Sim, api: Api) -> None:
     )
     assert stream.first_token_at >= stream.requested_at
     assert stream.finished and stream.finish_reason == "stop"
-    assert stream.service_tier == "priority"
+    assert stream.service_tier_served == "priority"
     assert stream.reasoning_tokens == 64  # effort "low"
     assert stream.output_tokens == 64 + 1 + len(rest)
 
@@ -156,7 +158,7 @@ async def test_none_sends_no_tier_and_no_reasoning_field(sim: Sim, api: Api) -> 
     request = sim.stats.last_request
     assert request is not None
     assert request.service_tier is None and request.effort is None
-    assert stream.service_tier == "default"  # the provider's default tier
+    assert stream.service_tier_served == "default"  # the provider's default tier
     assert stream.reasoning_tokens == 0  # the simulator's default effort is "none"
 
 
@@ -169,7 +171,7 @@ async def test_per_call_tier_effort_and_cap_override_settings(sim: Sim, api: Api
         )
     finally:
         await client.aclose()
-    assert stream.service_tier == "default"
+    assert (stream.service_tier_requested, stream.service_tier_served) == ("default", "default")
     assert stream.reasoning_tokens == 16
     assert stream.output_tokens == 20
     assert len(text.split()) == 4 and stream.finish_reason == "length"

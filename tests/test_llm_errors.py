@@ -17,7 +17,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from pipeline.llm import LLMClient, LLMError, LLMSettings, retry_after_s
+from pipeline.llm.client import LLMClient
+from pipeline.llm.errors import LLMError, retry_after_s
+from pipeline.llm.settings import LLMSettings
 from tests.test_routing import (
     FAST,
     HEARD,
@@ -198,11 +200,11 @@ async def test_retry_after_rests_the_tier_that_long_and_the_turn_falls_back() ->
 
             decision = reply.finish(TIMINGS)
             assert decision is not None
-            assert decision["taken"] == "fallback"
-            assert (decision["planned_tier"], decision["tier"]) == ("fast", "standard")
+            assert decision.taken == "fallback"
+            assert (decision.planned_tier, decision.tier) == ("fast", "standard")
             assert attempts(decision) == [
                 attempt("fast", reply.plan.effort, "planned", "failed", 429),
-                attempt("standard", str(decision["effort"]), "fallback", "spoke"),
+                attempt("standard", str(decision.effort), "fallback", "spoke"),
             ]
             # rested for the provider's 30 s, not the controller's own 5 s
             assert rig.controller.cooling() == {"fast": pytest.approx(30)}
@@ -232,15 +234,15 @@ async def test_a_refused_effort_is_replanned_within_the_turn_and_never_planned_a
 
             decision = reply.finish(TIMINGS)
             assert decision is not None
-            assert decision["taken"] == "fallback"
-            assert (decision["planned_tier"], decision["planned_effort"]) == ("fast", "none")
-            assert (decision["tier"], decision["effort"]) == ("fast", "minimal")
+            assert decision.taken == "fallback"
+            assert (decision.planned_tier, decision.planned_effort) == ("fast", "none")
+            assert (decision.tier, decision.effort) == ("fast", "minimal")
             assert attempts(decision) == [
                 attempt("fast", "none", "planned", "refused", 400),
                 attempt("fast", "minimal", "fallback", "spoke"),
             ]
-            listed = decision["attempts"]
-            assert isinstance(listed, list) and "does not support 'none'" in str(listed[0]["error"])
+            listed = decision.attempts
+            assert isinstance(listed, tuple) and "does not support 'none'" in str(listed[0].error)
             assert provider.efforts == ["none", "minimal"]
             assert rig.controller.unsupported() == {("fast", "none")}
             assert rig.controller.cooling() == {}  # the tier itself is fine
@@ -272,7 +274,7 @@ async def test_other_400s_still_reach_the_caller() -> None:
                 await speak(reply)
             assert (raised.value.status, raised.value.param) == (400, "messages")
             decision = reply.finish({})
-            assert decision is not None and decision["taken"] == "failed"
+            assert decision is not None and decision.taken == "failed"
             assert attempts(decision) == [
                 attempt("fast", reply.plan.effort, "planned", "failed", 400)
             ]

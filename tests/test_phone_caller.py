@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.speech import concat, silence
 from voice.audio import rms
-from voice.devtools.phone_caller import place_twilio_call
+from voice.devtools.twilio_call import place_twilio_call
 from voice.transports.phone.twilio import (
     TwilioProtocol,
     reject_twiml,

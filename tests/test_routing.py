@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pytest
@@ -17,9 +17,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from pipeline.controller import Controller, ControllerSettings
-from pipeline.llm import ChatMessage, LLMError, LLMSettings, LLMTier
-from pipeline.routing import CallLLM, Policy, RoutedReply, TierRouter
+from pipeline.llm.client import ChatMessage
+from pipeline.llm.controller import Controller
+from pipeline.llm.decision import Decision
+from pipeline.llm.errors import LLMError
+from pipeline.llm.routing import CallLLM, Policy, RoutedReply, TierRouter
+from pipeline.llm.settings import ControllerSettings, LLMSettings
+from pipeline.llm.tiers import LLMTier
 from voice.llm_sim.simulator import (
     SimulatorSettings,
     SimulatorStats,
@@ -126,11 +130,11 @@ def attempt(
     return {"tier": tier, "effort": effort, "kind": kind, "result": result, "status": status}
 
 
-def attempts(decision: dict[str, object]) -> list[dict[str, object]]:
+def attempts(decision: Decision) -> list[dict[str, object]]:
     """The decision's attempts without their error messages (checked on their own)."""
-    listed = decision["attempts"]
-    assert isinstance(listed, list)
-    return [{k: v for k, v in a.items() if k != "error"} for a in listed]
+    listed = decision.attempts
+    assert isinstance(listed, tuple)
+    return [{k: v for k, v in asdict(a).items() if k != "error"} for a in listed]
 
 
 # ---------------------------------------------------------------- the planned request
@@ -160,18 +164,19 @@ async def test_planned_request_speaks_and_teaches_the_controller(
     assert last is not None
     assert (last.service_tier, last.effort) == (plan.service_tier, plan.effort)
     assert last.max_tokens == plan.max_output_tokens
-    assert reply.service_tier == reported  # as the simulator echoed it
+    assert reply.service_tier_requested == last.service_tier  # as sent
+    assert reply.service_tier_served == reported  # as the simulator echoed it
     assert reply.first_token_at is not None and reply.first_token_at > reply.requested_at
     decision = reply.finish(TIMINGS)
     assert decision is not None
-    assert decision["taken"] == "planned"
-    assert (decision["tier"], decision["effort"]) == (plan.tier, plan.effort)
-    assert (decision["planned_tier"], decision["planned_effort"]) == (plan.tier, plan.effort)
-    assert decision["reason"] == plan.reason
-    assert decision["budget_ms"] == (budget_ms or 1000.0)
-    assert decision["fits"] == plan.fits
-    assert decision["predicted_first_audio_ms"] == round(plan.predicted_first_audio_ms, 1)
-    assert decision["actual_first_audio_ms"] == TIMINGS["first_audio"]
+    assert decision.taken == "planned"
+    assert (decision.tier, decision.effort) == (plan.tier, plan.effort)
+    assert (decision.planned_tier, decision.planned_effort) == (plan.tier, plan.effort)
+    assert decision.reason == plan.reason
+    assert decision.budget_ms == (budget_ms or 1000.0)
+    assert decision.fits == plan.fits
+    assert decision.predicted_first_audio_ms == round(plan.predicted_first_audio_ms, 1)
+    assert decision.actual_first_audio_ms == TIMINGS["first_audio"]
     assert attempts(decision) == [attempt(plan.tier, plan.effort, "planned", "spoke")]
     after = rig.controller.estimates(plan.tier, plan.effort)
     assert after["latency_ms"].count == latency_seen + 1
@@ -198,18 +203,18 @@ async def test_capacity_error_falls_back_within_the_turn_and_rests_the_tier(
 
     decision = reply.finish(TIMINGS)
     assert decision is not None
-    assert decision["taken"] == "fallback"
-    assert (decision["planned_tier"], decision["tier"]) == ("fast", "standard")
-    assert decision["actual_first_audio_ms"] == TIMINGS["first_audio"]
+    assert decision.taken == "fallback"
+    assert (decision.planned_tier, decision.tier) == ("fast", "standard")
+    assert decision.actual_first_audio_ms == TIMINGS["first_audio"]
     assert attempts(decision) == [
         attempt("fast", reply.plan.effort, "planned", "failed", status),
-        attempt("standard", str(decision["effort"]), "fallback", "spoke"),
+        attempt("standard", str(decision.effort), "fallback", "spoke"),
     ]
-    listed = decision["attempts"]
-    assert isinstance(listed, list)
-    assert "'fast' tier" in str(listed[0]["error"])
-    assert listed[1]["error"] is None
-    assert reply.service_tier == "default"
+    listed = decision.attempts
+    assert isinstance(listed, tuple)
+    assert "'fast' tier" in str(listed[0].error)
+    assert listed[1].error is None
+    assert reply.service_tier_served == "default"
     assert rig.stats.errors_injected == 1
     last = rig.stats.last_request
     assert last is not None and last.service_tier == "default"
@@ -221,7 +226,7 @@ async def test_capacity_error_falls_back_within_the_turn_and_rests_the_tier(
     assert f"fast cooling down after HTTP {status}" in second.plan.reason
     assert (await speak(second)).startswith(f"You said: {HEARD}. ")
     second_decision = second.finish(TIMINGS)
-    assert second_decision is not None and second_decision["taken"] == "planned"
+    assert second_decision is not None and second_decision.taken == "planned"
     assert rig.stats.errors_injected == 1  # the fast tier still fails every request it gets
     assert rig.stats.requests == 3 and rig.stats.streams_started == 2
 
@@ -243,13 +248,13 @@ async def test_no_first_token_by_the_deadline_falls_back_and_cancels_the_slow_re
         assert time.monotonic() - started < 2.0  # well before the fast tier's first token
         decision = reply.finish(TIMINGS)
         assert decision is not None
-        assert decision["taken"] == "fallback"
-        assert (decision["planned_tier"], decision["tier"]) == ("fast", "standard")
+        assert decision.taken == "fallback"
+        assert (decision.planned_tier, decision.tier) == ("fast", "standard")
         assert attempts(decision) == [
             attempt("fast", reply.plan.effort, "planned", "timeout"),
-            attempt("standard", str(decision["effort"]), "fallback", "spoke"),
+            attempt("standard", str(decision.effort), "fallback", "spoke"),
         ]
-        assert reply.service_tier == "default"
+        assert reply.service_tier_served == "default"
         # the simulator saw the fast stream go away; the standard one ran to the end
         await rig.stats.wait_until(lambda s: s.streams_cancelled == 1 and s.streams_completed == 1)
         assert rig.stats.streams_started == 2
@@ -281,9 +286,9 @@ async def test_client_error_reaches_the_caller_without_fallback_or_rest() -> Non
         assert rig.stats.streams_started == 0 and rig.stats.last_request is None
         decision = reply.finish({})
         assert decision is not None
-        assert decision["taken"] == "failed"
-        assert (decision["tier"], decision["effort"]) == (None, None)
-        assert decision["actual_first_audio_ms"] is None
+        assert decision.taken == "failed"
+        assert (decision.tier, decision.effort) == (None, None)
+        assert decision.actual_first_audio_ms is None
         assert attempts(decision) == [attempt("broken", "low", "planned", "failed", 400)]
         # a bad request is not a capacity problem: the tier is not rested
         assert rig.controller.cooling() == {}
@@ -303,7 +308,7 @@ async def test_every_tier_failing_raises_after_trying_each_once(rig: Rig) -> Non
     assert set(rig.controller.cooling()) == {"fast", "standard"}
     decision = reply.finish(TIMINGS)
     assert decision is not None
-    assert decision["taken"] == "failed"
+    assert decision.taken == "failed"
     listed = attempts(decision)
     assert [(a["tier"], a["kind"], a["result"], a["status"]) for a in listed] == [
         ("fast", "planned", "failed", 503),
@@ -330,14 +335,14 @@ async def test_hedge_speaks_first_when_the_planned_tier_stalls() -> None:
         assert time.monotonic() - started < 2.0  # the stalled tier's first token never came
         decision = reply.finish(TIMINGS)
         assert decision is not None
-        assert decision["taken"] == "hedge"
-        assert (decision["tier"], decision["effort"]) == ("standard", plan.hedge.effort)
-        assert (decision["planned_tier"], decision["planned_effort"]) == ("fast", "low")
+        assert decision.taken == "hedge"
+        assert (decision.tier, decision.effort) == ("standard", plan.hedge.effort)
+        assert (decision.planned_tier, decision.planned_effort) == ("fast", "low")
         assert attempts(decision) == [
             attempt("fast", "low", "planned", "lost"),
             attempt("standard", plan.hedge.effort, "hedge", "spoke"),
         ]
-        assert reply.service_tier == "default"
+        assert reply.service_tier_served == "default"
         await rig.stats.wait_until(lambda s: s.streams_cancelled == 1 and s.streams_completed == 1)
         # the lost request counts as censored: it waited longer than the prior predicts
         assert rig.controller.estimates("fast", "low")["latency_ms"].mean > prior
@@ -361,13 +366,13 @@ async def test_planned_request_beats_a_slower_hedge() -> None:
         assert time.monotonic() - started < 2.0
         decision = reply.finish(TIMINGS)
         assert decision is not None
-        assert decision["taken"] == "planned"
-        assert (decision["tier"], decision["effort"]) == ("fast", "low")
+        assert decision.taken == "planned"
+        assert (decision.tier, decision.effort) == ("fast", "low")
         assert attempts(decision) == [
             attempt("fast", "low", "planned", "spoke"),
             attempt("standard", plan.hedge.effort, "hedge", "lost"),
         ]
-        assert reply.service_tier == "priority"
+        assert reply.service_tier_served == "priority"
         await rig.stats.wait_until(lambda s: s.streams_cancelled == 1 and s.streams_completed == 1)
         last = rig.stats.last_request
         assert last is not None and last.service_tier == "default"  # the hedge was sent
@@ -396,7 +401,7 @@ async def test_hedge_gets_its_own_first_token_deadline() -> None:
 
         decision = reply.finish(TIMINGS)
         assert decision is not None
-        assert decision["taken"] == "hedge"
+        assert decision.taken == "hedge"
         assert attempts(decision) == [
             attempt("fast", "low", "planned", "lost"),
             attempt("standard", plan.hedge.effort, "hedge", "spoke"),
@@ -422,7 +427,7 @@ async def test_fixed_policy_sends_its_effort_on_its_tier(rig: Rig) -> None:
     assert (last.service_tier, last.effort, last.profile) == ("default", "medium", "standard")
     decision = reply.finish(TIMINGS)
     assert decision is not None
-    assert (decision["taken"], decision["tier"], decision["effort"]) == (
+    assert (decision.taken, decision.tier, decision.effort) == (
         "planned",
         "standard",
         "medium",
@@ -465,12 +470,12 @@ async def test_closing_mid_stream_cancels_the_request_and_still_decides(rig: Rig
     latency_seen = rig.controller.estimates("standard", "none")["latency_ms"].count
     decision = reply.finish(TIMINGS)
     assert decision is not None
-    assert (decision["taken"], decision["tier"], decision["effort"]) == (
+    assert (decision.taken, decision.tier, decision.effort) == (
         "planned",
         "standard",
         "none",
     )
-    assert decision["actual_first_audio_ms"] == TIMINGS["first_audio"]
+    assert decision.actual_first_audio_ms == TIMINGS["first_audio"]
     assert attempts(decision) == [attempt("standard", "none", "planned", "spoke")]
     assert rig.controller.estimates("standard", "none")["latency_ms"].count == latency_seen + 1
 
@@ -495,8 +500,8 @@ async def test_barge_in_before_the_first_token_loses_the_request() -> None:
         await rig.stats.wait_until(lambda s: s.streams_cancelled == 1)
         decision = reply.finish({})
         assert decision is not None
-        assert decision["taken"] == "none"
-        assert (decision["tier"], decision["effort"]) == (None, None)
+        assert decision.taken == "none"
+        assert (decision.tier, decision.effort) == (None, None)
         assert attempts(decision) == [attempt("fast", reply.plan.effort, "planned", "lost")]
         assert rig.controller.cooling() == {}  # cut off by the caller, not failed
 
@@ -532,7 +537,7 @@ async def test_a_request_cut_off_before_its_first_token_teaches_the_wait_net_of_
         decision = reply.finish({})
         waited_at_most_ms = (time.monotonic() - began) * 1000
 
-        assert decision is not None and decision["taken"] == "none"
+        assert decision is not None and decision.taken == "none"
         learned = rig.controller.estimates("fast", reply.plan.effort)["latency_ms"].mean
         assert learned > prior  # it waited longer than the latency the prior predicts
         # ... but only the wait beyond the prompt's prefill is latency
@@ -557,7 +562,7 @@ async def test_a_provider_sending_garbage_counts_as_failed_and_the_turn_falls_ba
             assert reply.plan.tier == "fast"
             assert (await speak(reply)).startswith(f"You said: {HEARD}. ")
             decision = reply.finish(TIMINGS)
-    assert decision is not None and decision["taken"] == "fallback"
+    assert decision is not None and decision.taken == "fallback"
     failed, spoke = attempts(decision)
     assert (failed["tier"], failed["result"], failed["status"]) == ("fast", "failed", None)
     assert (spoke["tier"], spoke["result"]) == ("standard", "spoke")
@@ -599,7 +604,7 @@ async def test_a_held_speculative_reply_teaches_synthesis_time_not_the_wait(rig:
         "first_audio": 302.0,
     }
     decision = reply.finish(held)
-    assert decision is not None and decision["actual_first_audio_ms"] == 302.0
+    assert decision is not None and decision.actual_first_audio_ms == 302.0
     after = rig.controller.estimates(plan.tier, plan.effort)["tts_ms"]
     assert after.count == seen + 1
     assert after.mean < max(prior, 22.0) + 1  # the wait (240 ms) was not learned as synthesis

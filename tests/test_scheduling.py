@@ -44,7 +44,6 @@ async def test_urgent_jobs_go_ahead_of_those_already_waiting() -> None:
     jobs.release.set()
     assert await asyncio.gather(first, *later, urgent) == ["first", "a", "b", "urgent"]
     assert jobs.ran == ["first", "urgent", "a", "b"]
-    pool.shutdown()
 
 
 async def test_a_job_cancelled_while_waiting_never_runs_and_frees_its_place() -> None:
@@ -59,7 +58,6 @@ async def test_a_job_cancelled_while_waiting_never_runs_and_frees_its_place() ->
     assert await kept == "kept" and await first == "first"
     assert dropped.cancelled() and jobs.ran == ["first", "kept"]
     assert await pool.run(lambda: jobs.job("after")) == "after"  # no slot was lost
-    pool.shutdown()
 
 
 async def test_no_more_than_the_workers_run_at_once() -> None:
@@ -70,7 +68,6 @@ async def test_no_more_than_the_workers_run_at_once() -> None:
     )
     assert sorted(done) == sorted(names) and sorted(jobs.ran) == sorted(names)
     assert jobs.most_at_once <= 2
-    pool.shutdown()
 
 
 async def test_a_waiting_job_promoted_to_urgent_goes_ahead() -> None:
@@ -87,4 +84,3 @@ async def test_a_waiting_job_promoted_to_urgent_goes_ahead() -> None:
     jobs.release.set()
     assert await asyncio.gather(first, *queued) == ["first", "other", "early"]
     assert jobs.ran == ["first", "early", "other"]
-    pool.shutdown()

@@ -3,17 +3,15 @@ streaming."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
 import statistics
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from pydantic import ValidationError
 
-from pipeline.sentences import SentenceSettings, SentenceSplitter, sentences
+from pipeline.sentences import SentenceSettings, SentenceSplitter
 from pipeline.tts import TextToSpeech
 
 # The splitter as it was before the short first chunk: a first sentence is cut only when long.
@@ -633,48 +631,16 @@ def test_settings_must_be_ordered() -> None:
         SentenceSettings(first_clause_cut_chars=300, max_chars=200)
 
 
-async def test_sentences_helper_streams_and_flushes() -> None:
-    async def tokens() -> AsyncIterator[str]:
-        for delta in ["Hel", "lo there. Dr", ". Smith is ", "in. Bye"]:
-            yield delta
-
-    assert [s async for s in sentences(tokens())] == ["Hello there.", "Dr. Smith is in.", "Bye"]
-
-
-async def test_sentences_helper_yields_before_the_stream_ends() -> None:
-    release = asyncio.Event()
-
-    async def tokens() -> AsyncIterator[str]:
-        yield "Hello there. How"
-        await release.wait()
-        yield " are you?"
-
-    stream = sentences(tokens())
-    first = await asyncio.wait_for(anext(stream), timeout=5)
-    assert first == "Hello there."
-    release.set()
-    assert [s async for s in stream] == ["How are you?"]
+def test_each_sentence_comes_out_with_the_delta_that_completes_it() -> None:
+    # "Hello there." ends once the capital after it has arrived; "Dr." never ends a sentence.
+    splitter = SentenceSplitter()
+    pushed = [splitter.push(delta) for delta in ["Hel", "lo there. Dr", ". Smith is ", "in. Bye"]]
+    assert pushed == [[], ["Hello there."], [], ["Dr. Smith is in."]]
+    assert splitter.flush() == ["Bye"]
 
 
-async def test_closing_the_sentences_closes_the_token_stream() -> None:
-    closed = asyncio.Event()
-
-    async def tokens() -> AsyncIterator[str]:
-        try:
-            yield "Hello there. How"
-            yield " are you?"
-        finally:
-            closed.set()
-
-    stream = sentences(tokens())
-    assert await anext(stream) == "Hello there."
-    await stream.aclose()
-    assert closed.is_set()
-
-
-async def test_sentences_helper_uses_settings() -> None:
-    async def tokens() -> AsyncIterator[str]:
-        yield "Hm. Sure thing."
-
-    settings = SentenceSettings(min_chars=4)
-    assert [s async for s in sentences(tokens(), settings)] == ["Hm. Sure thing."]
+def test_a_sentence_comes_out_before_the_reply_ends() -> None:
+    splitter = SentenceSplitter()
+    assert splitter.push("Hello there. How") == ["Hello there."]
+    assert splitter.push(" are you?") == []
+    assert splitter.flush() == ["How are you?"]

@@ -8,8 +8,8 @@ import pytest
 
 from tests.conftest import start_server, stop_server
 from tests.speech import concat, piper, silence
-from voice.devtools.phone_caller import place_twilio_call
 from voice.devtools.soak import mb_per_call, run_soak, stream_url
+from voice.devtools.twilio_call import place_twilio_call
 
 pytestmark = pytest.mark.slow
 

@@ -134,9 +134,6 @@ def test_base_is_joined_once_and_transcribes(
     assert (built / "model.bin").stat().st_size == model_bin.st_size
 
     base = SpeechToText(STTSettings(model="base", workers=1, cpu_threads=2))
-    try:
-        transcript = base.transcribe_blocking(utterance(BOOKING))
-    finally:
-        base.close()
+    transcript = base.transcribe_blocking(utterance(BOOKING))
     print(f"base: load {base.load_s:.2f} s, {transcript.inference_s * 1000:.0f} ms (cold)")
     assert {"book", "table", "people"} <= words(transcript.text)

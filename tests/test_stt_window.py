@@ -270,10 +270,7 @@ def test_base_detects_the_language_and_takes_the_prompt_in_a_fitted_window(
         window="fit",
     )
     base = SpeechToText(settings)
-    try:
-        transcript = base.transcribe_blocking(turn(piper("My name is Sarah Johnson.")))
-    finally:
-        base.close()
+    transcript = base.transcribe_blocking(turn(piper("My name is Sarah Johnson.")))
 
     print(f"base, language detected: {transcript.text!r} in {transcript.window_s:.0f} s")
     assert words(transcript.text) == ["my", "name", "is", "sarah", "johnson"]

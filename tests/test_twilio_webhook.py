@@ -14,6 +14,7 @@ import pytest
 import websockets
 
 from tests.conftest import Server, logged, start_server, stop_server
+from voice.server.settings import TelephonySettings
 from voice.transports.phone.twilio import twilio_signature
 
 pytestmark = pytest.mark.slow
@@ -175,7 +176,8 @@ async def test_at_capacity_the_webhook_rejects_the_call_politely(signed_server: 
             )
     assert response.status_code == 200
     root = ET.fromstring(response.text)
-    assert [child.tag for child in root] == ["Say", "Hangup"]
+    busy = TelephonySettings().busy_message
+    assert [(child.tag, child.text) for child in root] == [("Say", busy), ("Hangup", None)]
 
 
 def start_message(call_sid: str, token: str | None) -> dict[str, object]:

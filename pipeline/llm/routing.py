@@ -26,7 +26,8 @@ is taken as it arrives, whatever the consumer (TTS) is doing. Before the first t
   speaks first is kept, the other is cancelled and reported as censored (it waited this long).
 
 After the turn, ``finish(timings)`` gives the controller what the request that spoke took and
-returns the decision for the turn record.
+returns the turn's `Decision` (`pipeline.llm.decision`) for the turn record. Each request is an
+`Attempt` (`pipeline.llm.attempt`).
 """
 
 from __future__ import annotations
@@ -36,21 +37,18 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from pipeline.controller import Controller, TurnContext, TurnOutcome, TurnPlan, decision_record
-from pipeline.llm import (
-    ChatMessage,
-    LLMClient,
-    LLMError,
-    LLMSettings,
-    LLMStream,
-    LLMTier,
-    estimate_prompt_tokens,
-)
+from pipeline.llm.attempt import Attempt
+from pipeline.llm.client import ChatMessage, LLMClient, LLMStream, estimate_prompt_tokens
+from pipeline.llm.controller import Controller, TurnContext, TurnPlan
+from pipeline.llm.decision import AttemptKind, AttemptResult, Decision
+from pipeline.llm.errors import LLMError
+from pipeline.llm.estimates import TurnOutcome
+from pipeline.llm.settings import LLMSettings
+from pipeline.llm.tiers import LLMTier
 
 log = logging.getLogger(__name__)
 
@@ -75,47 +73,6 @@ class Policy(BaseModel):
         if self.policy == "fixed" and self.effort is None:
             raise ValueError("a fixed policy needs an effort")
         return self
-
-
-@dataclass
-class Attempt:
-    """One request of a turn, read by its own task."""
-
-    plan: TurnPlan
-    stream: LLMStream
-    kind: str  # planned | fallback | hedge
-    started_at: float = field(default_factory=time.monotonic)
-    queue: asyncio.Queue[str | Exception | None] = field(default_factory=asyncio.Queue)
-    settled: asyncio.Event = field(default_factory=asyncio.Event)  # first delta, end, or error
-    error: LLMError | None = None
-    result: str = "pending"  # spoke | failed | refused (its effort) | timeout | lost
-    task: asyncio.Task[None] | None = None
-
-    async def pump(self) -> None:
-        try:
-            async for delta in self.stream:
-                self.queue.put_nowait(delta)
-                self.settled.set()
-            self.queue.put_nowait(None)
-        except LLMError as exc:
-            self.error = exc
-            self.queue.put_nowait(exc)
-        except Exception as exc:  # a bug or an unexpected reply: end this request, not the call
-            log.exception("LLM request on %s failed unexpectedly", self.plan.tier)
-            self.error = LLMError(None, f"{type(exc).__name__}: {exc}")
-            self.queue.put_nowait(self.error)
-        finally:
-            self.settled.set()
-
-    def summary(self) -> dict[str, object]:
-        return {
-            "tier": self.plan.tier,
-            "effort": self.plan.effort,
-            "kind": self.kind,
-            "result": self.result,
-            "status": self.error.status if self.error else None,
-            "error": self.error.message if self.error else None,
-        }
 
 
 class TierRouter:
@@ -199,7 +156,7 @@ class RoutedReply:
         return attempt.stream if attempt else None
 
     @property
-    def requested_tier(self) -> str | None:
+    def service_tier_requested(self) -> str | None:
         return self.winner.plan.service_tier if self.winner else self.plan.service_tier
 
     @property
@@ -215,8 +172,8 @@ class RoutedReply:
         return self.winner.stream.first_token_at if self.winner else None
 
     @property
-    def service_tier(self) -> str | None:
-        return self.winner.stream.service_tier if self.winner else None
+    def service_tier_served(self) -> str | None:
+        return self.winner.stream.service_tier_served if self.winner else None
 
     @property
     def reasoning_tokens(self) -> int | None:
@@ -236,7 +193,7 @@ class RoutedReply:
         await self._deltas.aclose()
         await self._stop_all()
 
-    def _start(self, plan: TurnPlan, kind: str) -> Attempt:
+    def _start(self, plan: TurnPlan, kind: AttemptKind) -> Attempt:
         client = self.router.clients[plan.tier]
         stream = client.stream(
             self.history,
@@ -263,7 +220,8 @@ class RoutedReply:
     async def _first_token(self) -> Attempt:
         """Send the plan; fall back and hedge until a request speaks (or every tier failed)."""
         grace = self.router.settings.first_token_grace_ms
-        plan, kind, tried = self.plan, "planned", set[str]()
+        plan, tried = self.plan, set[str]()
+        kind: AttemptKind = "planned"
         while True:
             active = [self._start(plan, kind)]
             hedge = plan.hedge
@@ -345,7 +303,7 @@ class RoutedReply:
                 self.router.controller.observe(outcome)
         return winner
 
-    def _failed(self, attempt: Attempt, result: str) -> None:
+    def _failed(self, attempt: Attempt, result: AttemptResult) -> None:
         attempt.result = result
         if attempt.task is not None:
             attempt.task.cancel()
@@ -379,7 +337,7 @@ class RoutedReply:
                     await attempt.task
             await attempt.stream.aclose()
 
-    def finish(self, timings_ms: Mapping[str, float]) -> dict[str, object] | None:
+    def finish(self, timings_ms: Mapping[str, float]) -> Decision | None:
         """Teach the controller what the turn took; the decision for the turn record."""
         if self._finished:
             return None
@@ -397,19 +355,16 @@ class RoutedReply:
                         prompt_tokens=self.prompt_tokens,  # its prefill is no latency
                     )
                     self.router.controller.observe(outcome)
-            record = decision_record(self.plan, TurnOutcome(self.plan.tier, self.plan.effort))
             # "failed": no request could answer; "none": the caller cut in before any did
             gave_up = bool(self.attempts) and all(
                 a.result in ("failed", "timeout", "refused") for a in self.attempts
             )
-            record.update(taken="failed" if gave_up else "none", tier=None, effort=None)
-        else:
-            outcome = self._outcome(winner, timings_ms)
-            self.router.controller.observe(outcome)
-            record = decision_record(self.plan, outcome)
-            record["taken"] = winner.kind
-        record["attempts"] = [a.summary() for a in self.attempts]
-        return record
+            tried = [a.summary() for a in self.attempts]
+            return Decision.of(self.plan, None, "failed" if gave_up else "none", tried)
+        outcome = self._outcome(winner, timings_ms)
+        self.router.controller.observe(outcome)
+        tried = [a.summary() for a in self.attempts]
+        return Decision.of(self.plan, outcome, winner.kind, tried)
 
     def _outcome(self, attempt: Attempt, timings_ms: Mapping[str, float]) -> TurnOutcome:
         s = attempt.stream

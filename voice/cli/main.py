@@ -58,7 +58,7 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
     def _start_drain(self) -> None:
-        from voice.server.app import drain_then_exit
+        from voice.server.routes.ops import drain_then_exit
 
         self.app.state.drain_task = asyncio.create_task(drain_then_exit(self.app))
 
@@ -123,8 +123,9 @@ def call(
     import httpx
 
     from voice.audio import read_wav, write_wav
-    from voice.devtools.phone_caller import place_twilio_call
-    from voice.devtools.webrtc_caller import CallResult, place_call
+    from voice.devtools.turns import CallResult
+    from voice.devtools.twilio_call import place_twilio_call
+    from voice.devtools.webrtc_caller import place_call
 
     setup_logging(log_level)
     utterances = [read_wav(path) for path in wav]

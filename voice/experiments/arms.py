@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-from pipeline.routing import Policy
+from pipeline.llm.routing import Policy
 from voice.cluster.records import CallInfo
 from voice.cluster.store import DOWN, call_keys, decode, experiment_keys, text
 

@@ -116,6 +116,12 @@ def _decided(rec: Mapping[str, Any], key: str) -> Any:
     return rec.get(key) if value is None else value
 
 
+def _tier(rec: Mapping[str, Any]) -> Any:
+    """The tier that spoke, by its name in our settings (`decision["tier"]`). The record's own
+    `service_tier_requested` and `service_tier_served` are the provider's service tiers."""
+    return (rec.get("decision") or {}).get("tier")
+
+
 def _effort_key(effort: str) -> tuple[int, str]:
     return (
         (EFFORT_ORDER.index(effort), "") if effort in EFFORT_ORDER else (len(EFFORT_ORDER), effort)
@@ -209,7 +215,7 @@ def _bootstrap(arm: _Arm, rng: np.random.Generator, resamples: int) -> dict[str,
 def _summary(name: str, arm: _Arm) -> ArmSummary:
     fa = arm.first_audio[~np.isnan(arm.first_audio)]
     efforts = Counter(str(e) for r in arm.records if (e := _decided(r, "effort")) is not None)
-    tiers = Counter(str(t) for r in arm.records if (t := _decided(r, "tier")) is not None)
+    tiers = Counter(str(t) for r in arm.records if (t := _tier(r)) is not None)
     taken = Counter((r.get("decision") or {}).get("taken") for r in arm.records)
     errors = [
         abs(float(e))
@@ -360,7 +366,7 @@ def write_csv(records: Sequence[Mapping[str, Any]], experiment: str, path: str |
                 "call_id": rec.get("call_id"), "arm": _arm_of(rec), "turn": rec.get("turn"),
                 "budget_ms": budget, "first_audio_ms": fa,
                 "within_budget": _within(fa, budget),
-                "effort": _decided(rec, "effort"), "tier": _decided(rec, "tier"),
+                "effort": _decided(rec, "effort"), "tier": _tier(rec),
                 "interrupted": bool(rec.get("interrupted")),
             }  # fmt: skip
             for key in ("taken", "planned_effort", "planned_tier", "fits"):

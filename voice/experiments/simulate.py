@@ -27,11 +27,11 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-from pipeline.controller import Controller, ControllerSettings
 from pipeline.conversation import Conversation
-from pipeline.llm import LLMSettings
+from pipeline.llm.controller import Controller
+from pipeline.llm.routing import CallLLM, TierRouter
+from pipeline.llm.settings import ControllerSettings, LLMSettings
 from pipeline.records import TurnRecord
-from pipeline.routing import CallLLM, TierRouter
 from pipeline.sentences import SentenceSettings
 from pipeline.stt import SpeechToText, STTSettings
 from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE, AudioIn, HangUp, InboundEvent

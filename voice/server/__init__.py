@@ -1,1 +1,2 @@
-"""The HTTP server: the app and its lifespan, the call switchboard, metrics, settings, the APIs."""
+"""The HTTP server: the app and its lifespan, the call switchboard, metrics, settings, and the
+APIs (routes/, one module per API area)."""

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.conversation import Conversation, SpeechRecognizer, SpeechSynthesizer
-from pipeline.llm import ChatMessage
+from pipeline.llm.client import ChatMessage
+from pipeline.llm.routing import Policy, TierRouter
 from pipeline.records import TurnRecord
-from pipeline.routing import Policy, TierRouter
 from pipeline.transport import Transport
 from voice.cluster.records import CallInfo
 from voice.cluster.sessions import Sessions

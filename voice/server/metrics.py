@@ -10,7 +10,11 @@ ACTIVE_CALLS = Gauge("hotline_active_calls", "Calls in progress on this worker."
 DRAINING = Gauge("hotline_draining", "1 while this worker drains (admits no new calls).")
 ADMITTED = Counter("hotline_calls_admitted_total", "Calls admitted.", ["transport"])
 REFUSED = Counter("hotline_calls_refused_total", "Calls refused.", ["transport", "reason"])
-TURNS = Counter("hotline_turns_total", "Finished turns, by effort and tier.", ["effort", "tier"])
+TURNS = Counter(
+    "hotline_turns_total",
+    "Finished turns, by effort and the service tier the provider served.",
+    ["effort", "service_tier_served"],
+)
 INTERRUPTED = Counter("hotline_turns_interrupted_total", "Turns the caller talked over.")
 SPECULATIONS = Counter(
     "hotline_speculative_replies_discarded_total",
@@ -37,7 +41,8 @@ TURN_LATENCY = Histogram(
 
 def observe_turn(record: TurnRecord) -> None:
     """Count a finished turn and its latency parts."""
-    TURNS.labels(effort=record.effort or "none", tier=record.tier_used or "none").inc()
+    served = record.service_tier_served or "none"
+    TURNS.labels(effort=record.effort or "none", service_tier_served=served).inc()
     if record.interrupted:
         INTERRUPTED.inc()
     for part in STAGES:
@@ -45,7 +50,7 @@ def observe_turn(record: TurnRecord) -> None:
         if ms is not None:
             TURN_LATENCY.labels(part=part).observe(ms / 1e3)
     if record.decision is not None:
-        DECISIONS.labels(taken=str(record.decision.get("taken"))).inc()
+        DECISIONS.labels(taken=record.decision.taken).inc()
     first_audio = record.timings_ms.get("first_audio")
     if record.budget_ms and first_audio is not None:
         BUDGET.labels(within=str(first_audio <= record.budget_ms).lower()).inc()

@@ -11,10 +11,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.controller import ControllerSettings
 from pipeline.conversation import ConversationSettings
-from pipeline.llm import LLMSettings
-from pipeline.routing import Policy
+from pipeline.llm.routing import Policy
+from pipeline.llm.settings import ControllerSettings, LLMSettings
 from pipeline.sentences import SentenceSettings
 from pipeline.stt import STTSettings
 from pipeline.tts import TTSSettings

@@ -7,7 +7,6 @@ import contextlib
 import hmac
 import json
 import logging
-import re
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request, WebSocket
@@ -16,113 +15,27 @@ from starlette.websockets import WebSocketDisconnect
 
 from voice.cluster.records import NoAck, SessionsUnavailable, UnknownCall
 from voice.cluster.sessions import Sessions
+from voice.server.api import error, read_json_body
+from voice.server.auth import require_token
 from voice.server.calls import Switchboard
+from voice.server.routes import switchboard
 
 log = logging.getLogger(__name__)
 
 MAX_SAY_CHARS = 2000  # about two minutes of speech: an announcement, not an audiobook
 
-MAX_JSON_DEPTH = 64  # far beyond any body we accept, far below the parser's recursion limit
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-
-
-def error(status: int, message: str) -> JSONResponse:
-    """A JSON error response, logged."""
-    log.warning("HTTP %d: %s", status, message)
-    return JSONResponse({"error": message}, status_code=status)
-
-
-class APIError(Exception):
-    """A request we refuse: raised anywhere in a handler (or a dependency), answered as a JSON
-    error by `api_error_response` (registered on the app)."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.headers = status, message, headers or {}
-
-
-async def api_error_response(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, APIError)
-    response = error(exc.status, exc.message)
-    response.headers.update(exc.headers)
-    return response
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, read as a stream and never past `limit` bytes (413 at once when
-    Content-Length already says it is too large)."""
-    declared = request.headers.get("content-length", "")  # the server has checked its syntax
-    if declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"body larger than {limit} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise APIError(413, f"body larger than {limit} bytes")
-    return bytes(body)
-
-
-def json_depth(body: bytes) -> int:
-    """How deeply `body`'s arrays and objects nest (brackets inside strings do not count)."""
-    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
-    depth = deepest = 0
-    for byte in brackets:
-        depth += 1 if byte in b"[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
-
-
-async def read_json_body(request: Request, limit: int) -> dict[str, Any]:
-    """The request body as a JSON object (400 or 413 otherwise)."""
-    body = await read_body(request, limit)
-    if json_depth(body) > MAX_JSON_DEPTH:
-        raise APIError(400, f"body nests JSON deeper than {MAX_JSON_DEPTH} levels")
-    try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise APIError(400, "body is not valid JSON") from None
-    except RecursionError:  # a nesting the depth count missed must not become a 500
-        raise APIError(400, "body nests JSON too deeply") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "body must be a JSON object")
-    return data
-
-
-def authorized(request: Request) -> bool:
-    """Whether the request carries the API token (always true when none is configured)."""
-    token = request.app.state.settings.api_token
-    if token is None:
-        return True
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    expected = token.get_secret_value().encode()
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected)
-
-
-def require_token(request: Request) -> None:
-    """The API token, as a dependency of every route that needs it (401 without it)."""
-    if not authorized(request):
-        raise APIError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-
-
 calls_api = APIRouter(dependencies=[Depends(require_token)])
 calls_live_api = APIRouter()  # a websocket: its token may come in the query (authorized_socket)
-
-
-def _board(request: Request | WebSocket) -> Switchboard:
-    board: Switchboard = request.app.state.switchboard
-    return board
 
 
 @calls_api.get("/calls", response_model=None)
 async def list_calls(request: Request) -> dict[str, object] | JSONResponse:
     """Calls in progress on every worker."""
     try:
-        calls = await _board(request).sessions.active_calls()
+        calls = await switchboard(request).sessions.active_calls()
     except SessionsUnavailable as exc:
         return error(503, f"call registry unavailable: {exc}")
-    return {"calls": [_summary(_board(request), info.__dict__) for info in calls]}
+    return {"calls": [_summary(switchboard(request), info.__dict__) for info in calls]}
 
 
 def _summary(board: Switchboard, info: dict[str, Any]) -> dict[str, Any]:
@@ -133,11 +46,11 @@ def _summary(board: Switchboard, info: dict[str, Any]) -> dict[str, Any]:
 @calls_api.get("/calls/{call_id}", response_model=None)
 async def call_detail(call_id: str, request: Request) -> dict[str, object] | JSONResponse:
     """A call's record and transcript (turns), from this worker or the registry."""
-    local = _board(request).get(call_id)
+    local = switchboard(request).get(call_id)
     if local is not None:
         return local.detail()
     try:
-        found = await _board(request).sessions.get_call(call_id)
+        found = await switchboard(request).sessions.get_call(call_id)
     except SessionsUnavailable as exc:
         return error(503, f"call registry unavailable: {exc}")
     if found is None:
@@ -152,7 +65,7 @@ async def watch_call(websocket: WebSocket, call_id: str) -> None:
     if not authorized_socket(websocket):
         await websocket.close(1008, "missing or wrong bearer token")
         return
-    sessions: Sessions = _board(websocket).sessions
+    sessions: Sessions = switchboard(websocket).sessions
     try:
         found = await sessions.get_call(call_id)
     except SessionsUnavailable:
@@ -186,7 +99,7 @@ async def _control(
 ) -> JSONResponse:
     """Run a command on the worker that owns the call, and return its acknowledgement."""
     try:
-        ack = await _board(request).sessions.send_control(call_id, command, args)
+        ack = await switchboard(request).sessions.send_control(call_id, command, args)
     except UnknownCall:
         return error(404, f"no call {call_id} in progress")
     except NoAck:

@@ -20,7 +20,9 @@ from pydantic import ValidationError
 from voice.cluster.store import DOWN
 from voice.experiments.arms import Experiment, ExperimentStore, experiment_records, to_jsonl
 from voice.experiments.report import build_report, render_report
-from voice.server.calls_api import error, read_json_body, require_token
+from voice.server.api import error, read_json_body
+from voice.server.auth import require_token
+from voice.server.routes import switchboard
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ experiments_api = APIRouter(dependencies=[Depends(require_token)])
 
 
 def _store(request: Request) -> ExperimentStore:
-    store: ExperimentStore = request.app.state.switchboard.experiments
+    store: ExperimentStore = switchboard(request).experiments
     return store
 
 

@@ -1,0 +1,78 @@
+"""Operations routes: the softphone page, health and readiness, Prometheus metrics, and the
+drain that stops a worker once its calls have finished."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from importlib import resources
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from voice.server.auth import require_token
+from voice.server.calls import Switchboard
+from voice.server.routes import switchboard
+
+ops_api = APIRouter()
+
+
+def _rss_bytes() -> int:
+    """Resident set size now (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return 0
+
+
+async def drain_then_exit(app: FastAPI) -> None:
+    """Drain this worker's calls, then ask the server to stop (if it gave a way to)."""
+    board: Switchboard = app.state.switchboard
+    await board.drain()
+    request_exit = getattr(app.state, "request_exit", None)
+    if request_exit is not None:
+        request_exit()
+
+
+@ops_api.get("/", response_class=HTMLResponse)
+async def softphone() -> HTMLResponse:
+    page = resources.files("voice").joinpath("static/softphone.html").read_text("utf-8")
+    return HTMLResponse(page)
+
+
+@ops_api.get("/healthz")
+async def health(request: Request) -> dict[str, object]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "status": "ok",
+        "active_calls": len(switchboard(request).active),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+        "rss_mb": round(_rss_bytes() / 2**20, 1),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux reports KiB
+    }
+
+
+@ops_api.get("/readyz")
+async def ready(request: Request) -> JSONResponse:
+    """Readiness: 503 while draining, so load balancers send new calls elsewhere."""
+    board = switchboard(request)
+    status = "draining" if board.draining else "ready"
+    body = {"status": status, "active_calls": len(board.active)}
+    return JSONResponse(body, status_code=503 if board.draining else 200)
+
+
+@ops_api.get("/metrics")
+async def prometheus_metrics() -> Response:
+    return PlainTextResponse(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+@ops_api.post("/admin/drain", dependencies=[Depends(require_token)])
+async def drain(request: Request) -> JSONResponse:
+    """Stop admitting calls, let those in progress finish, then exit."""
+    board = switchboard(request)
+    if not board.draining:
+        task = asyncio.create_task(drain_then_exit(request.app))
+        request.app.state.drain_task = task
+    return JSONResponse({"status": "draining", "active_calls": len(board.active)}, status_code=202)
