@@ -32,7 +32,8 @@ from rich.text import Text
 
 from pipeline.records import STAGES
 from voice.audio import PCM, espeak, read_wav
-from voice.devtools.webrtc_caller import CallResult
+from voice.devtools.turns import CallResult
+from voice.server.urls import websocket_url
 
 log = logging.getLogger(__name__)
 
@@ -257,8 +258,7 @@ def caller_speech(wavs: Sequence[Path] = ()) -> list[PCM]:
 
 def twilio_stream_url(url: str) -> str:
     """The server's Twilio media stream websocket for a server URL."""
-    base = url.rstrip("/").replace("https://", "wss://", 1).replace("http://", "ws://", 1)
-    return f"{base}/twilio/stream"
+    return f"{websocket_url(url.rstrip('/'))}/twilio/stream"
 
 
 Transport = Literal["webrtc", "twilio"]
@@ -285,7 +285,7 @@ class _Bench:
 
     async def place(self, utterances: list[PCM]) -> CallResult:
         if self.transport == "twilio":
-            from voice.devtools.phone_caller import place_twilio_call
+            from voice.devtools.twilio_call import place_twilio_call
 
             return await place_twilio_call(twilio_stream_url(self.url), utterances)
         from voice.devtools.webrtc_caller import place_call

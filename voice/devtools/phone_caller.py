@@ -1,12 +1,13 @@
 """A faithful Twilio caller: plays Twilio's part of a Media Stream against a Hotline server.
 
-Used by `hotline call --twilio`, the tests and the benchmark. Like Twilio it sends `connected`,
-`start`, then one 20 ms μ-law `media` message every 20 ms of the absolute clock, `dtmf` when a
-key is pressed and `stop` on hang-up. The server's `media` goes into a playout buffer that the
-phone plays at 8000 samples a second; a `mark` comes back only once everything queued before it
-has played, and `clear` empties the buffer and sends every pending mark back at once. Times are
-taken at the phone, from what it *played*: voice-to-voice latency runs from the end of the
-caller's last audible frame to the first audible reply frame played.
+Used by `hotline call --twilio`, the tests and the benchmark (through
+`voice.devtools.twilio_call.place_twilio_call`) and by the soak. Like Twilio it sends
+`connected`, `start`, then one 20 ms μ-law `media` message every 20 ms of the absolute clock,
+`dtmf` when a key is pressed and `stop` on hang-up. The server's `media` goes into a playout
+buffer that the phone plays at 8000 samples a second; a `mark` comes back only once everything
+queued before it has played, and `clear` empties the buffer and sends every pending mark back at
+once. Times are taken at the phone, from what it *played*: voice-to-voice latency runs from the
+end of the caller's last audible frame to the first audible reply frame played.
 """
 
 from __future__ import annotations
@@ -19,34 +20,24 @@ import json
 import logging
 import time
 import uuid
-import xml.etree.ElementTree as ET
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
 from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
 from voice.audio import StreamResampler, mulaw_decode, mulaw_encode, rms
-from voice.devtools.webrtc_caller import (
+from voice.devtools.turns import (
     AUDIBLE_RMS,
     CallerTurn,
     CallResult,
+    Ear,
     FrameTest,
-    _Ear,
-    first_audible_after,
-    silent_for_after,
-    voiced_span,
-)
-from voice.transports.phone.twilio import (
-    CALLEE_PARAMETER,
-    CALLER_PARAMETER,
-    SIGNATURE_HEADER,
-    twilio_signature,
+    barge_in_stop_ms,
 )
 
 log = logging.getLogger(__name__)
@@ -105,7 +96,7 @@ class TwilioPhone:
         self.account_sid = account_sid
         self.stream_sid = twilio_sid("MZ")
         self.parameters = dict(parameters)
-        self.ear = _Ear()  # played frames, in the shape voice/devtools/webrtc_caller.py measures
+        self.ear = Ear()  # played frames, in the shape voice/devtools/turns.py measures
         self.received: list[ServerMessage] = []
         self.marks_echoed: list[tuple[float, str]] = []
         self.violations: list[str] = []
@@ -250,9 +241,7 @@ class TwilioPhone:
             else:
                 self._playout[0] = head[take:]
         self._playing = filled
-        self.ear.frames.append((now, rms(frame) > AUDIBLE_RMS))
-        self.ear.chunks.append(self._to_reply_rate(frame))
-        self.ear.changed.set()
+        self.ear.record(now, rms(frame) > AUDIBLE_RMS, self._to_reply_rate(frame))
 
     async def _echo(self, name: str) -> None:
         await self._send("mark", {"name": name})
@@ -334,160 +323,16 @@ class TwilioPhone:
         return predicate(self.ear.frames)
 
     def result(self, turns: list[CallerTurn], barge_in: bool) -> PhoneCallResult:
-        chunks = self.ear.chunks
-        audio = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int16)
         result = PhoneCallResult(
             self.call_sid,
             turns,
-            audio,
+            self.ear.audio(),
             stream_sid=self.stream_sid,
             received=self.received,
             marks_echoed=self.marks_echoed,
             playback=list(self.ear.frames),
             violations=self.violations,
         )
-        if barge_in and len(turns) >= 2 and turns[-2].reply_stop is not None:
-            result.barge_in_stop_ms = round((turns[-2].reply_stop - turns[-1].onset) * 1e3, 1)
+        if barge_in:
+            result.barge_in_stop_ms = barge_in_stop_ms(turns)
         return result
-
-
-async def _converse(
-    phone: TwilioPhone,
-    utterances: Sequence[PCM],
-    turns: list[CallerTurn],
-    barge_in_after_ms: float | None,
-    dtmf: str,
-    reply_timeout_s: float,
-    quiet_s: float,
-) -> None:
-    """Speak each utterance as a turn (as `voice.devtools.webrtc_caller.place_call` does), keys
-    after the first."""
-    pressed = not dtmf
-    for index, pcm in enumerate(utterances):
-        interrupting = (
-            barge_in_after_ms is not None and index == len(utterances) - 1 and bool(turns)
-        )
-        if interrupting and barge_in_after_ms is not None and turns[-1].reply_start is not None:
-            delay = turns[-1].reply_start + barge_in_after_ms / 1e3 - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)  # the script's own timing, not a synchronisation
-        sent = await phone.say(pcm)
-        first, last = voiced_span(pcm)
-        turn = CallerTurn(onset=sent[first], speech_end=sent[last] + _FRAME_S)
-        turns.append(turn)
-        if interrupting:
-            turns[-2].reply_stop = await phone.hear(silent_for_after(turn.onset, 0.25), 5.0)
-        turn.reply_start = await phone.hear(first_audible_after(turn.speech_end), reply_timeout_s)
-        if turn.reply_start is None:
-            log.warning("no reply heard within %.0f s", reply_timeout_s)
-            break
-        if not (barge_in_after_ms is not None and index == len(utterances) - 2):
-            await phone.hear(silent_for_after(turn.reply_start, quiet_s), reply_timeout_s)
-            if not pressed:
-                await phone.press(dtmf)
-                pressed = True
-    if not pressed:
-        await phone.press(dtmf)
-
-
-async def answer_webhook(
-    base_url: str,
-    call_sid: str,
-    account_sid: str,
-    numbers: Mapping[str, str],
-    auth_token: str | None,
-) -> tuple[str, dict[str, str]] | str:
-    """POST the incoming-call webhook as Twilio does (signed when `auth_token` is given).
-
-    Returns the stream URL and `<Parameter>`s of a `<Connect><Stream>` answer, or, when the
-    TwiML turns the call away, what it said (or the verb it used). Over plain http the stream's
-    `wss://` becomes `ws://`, since a local server has no TLS.
-    """
-    webhook = base_url.rstrip("/")
-    if not webhook.endswith("/twilio/voice"):
-        webhook += "/twilio/voice"
-    caller, callee = numbers[CALLER_PARAMETER], numbers[CALLEE_PARAMETER]
-    form = {
-        "AccountSid": account_sid,
-        "ApiVersion": "2010-04-01",
-        "CallSid": call_sid,
-        "CallStatus": "ringing",
-        "Called": callee,
-        "Caller": caller,
-        "Direction": "inbound",
-        "From": caller,
-        "To": callee,
-    }
-    headers = {SIGNATURE_HEADER: twilio_signature(auth_token, webhook, form)} if auth_token else {}
-    async with httpx.AsyncClient(timeout=30) as http:
-        response = await http.post(webhook, data=form, headers=headers)
-        response.raise_for_status()
-    twiml = ET.fromstring(response.text)
-    stream = twiml.find("Connect/Stream")
-    if stream is None or not stream.get("url"):
-        said = twiml.findtext("Say")
-        return said if said else (twiml[0].tag if len(twiml) else "empty TwiML")
-    url = str(stream.get("url"))
-    if webhook.startswith("http://") and url.startswith("wss://"):
-        url = "ws://" + url.removeprefix("wss://")
-    parameters = {str(p.get("name")): str(p.get("value", "")) for p in stream.iter("Parameter")}
-    return url, parameters
-
-
-async def place_twilio_call(
-    stream_url: str,
-    utterances: Sequence[PCM],
-    *,
-    barge_in_after_ms: float | None = None,
-    dtmf: str = "",
-    reply_timeout_s: float = 30.0,
-    quiet_s: float = 0.8,
-    parameters: Mapping[str, str] | None = None,
-    auth_token: str | None = None,
-    call_sid: str | None = None,
-) -> PhoneCallResult:
-    """Call Hotline the way Twilio would and speak `utterances` (16 kHz), one turn each.
-
-    `stream_url` is either the stream itself (`ws://host/twilio/stream`; `parameters` become
-    `customParameters`, with `from`/`to` numbers added) or the server's http(s) base URL, in
-    which case the incoming-call webhook is asked first (signed with `auth_token` if given) and
-    the stream and parameters come from its TwiML, exactly as with Twilio. Turn-taking and
-    `barge_in_after_ms` work as in `voice.devtools.webrtc_caller.place_call`; `dtmf` keys are
-    pressed after the first reply. With `auth_token`, the stream's handshake is signed too, as
-    Twilio signs it.
-    Ends with `stop` and closes the socket.
-    """
-    custom = {CALLER_PARAMETER: DEFAULT_CALLER, CALLEE_PARAMETER: DEFAULT_CALLEE}
-    custom.update(parameters or {})
-    call_sid, account_sid = call_sid or twilio_sid("CA"), twilio_sid("AC")
-    if stream_url.startswith(("http://", "https://")):
-        answer = await answer_webhook(stream_url, call_sid, account_sid, custom, auth_token)
-        if isinstance(answer, str):
-            return PhoneCallResult(call_sid, [], np.zeros(0, dtype=np.int16), rejected=answer)
-        stream_url, custom = answer
-    turns: list[CallerTurn] = []
-    signed = {SIGNATURE_HEADER: twilio_signature(auth_token, stream_url, {})} if auth_token else {}
-    async with connect(
-        stream_url, compression=None, open_timeout=10, additional_headers=signed
-    ) as socket:
-        phone = TwilioPhone(socket, call_sid, account_sid, custom)
-        await phone.open()
-        clock = asyncio.create_task(phone.run())
-        ear = asyncio.create_task(phone.listen())
-        script = asyncio.create_task(
-            _converse(phone, utterances, turns, barge_in_after_ms, dtmf, reply_timeout_s, quiet_s)
-        )
-        ended = asyncio.create_task(phone.hung_up.wait())
-        try:
-            await asyncio.wait({script, ended}, return_when=asyncio.FIRST_COMPLETED)
-            for part in (script, clock, ear):
-                if part.done():
-                    part.result()  # a failure in the phone itself is raised, not hidden
-            if not script.done():
-                log.warning("the server hung up on the call")
-            await phone.hang_up()
-        finally:
-            for task in (script, ended, clock, ear):
-                task.cancel()
-            await asyncio.gather(script, ended, clock, ear, return_exceptions=True)
-    return phone.result(turns, barge_in_after_ms is not None)

@@ -2,18 +2,15 @@
 
 Used by `hotline call`, the tests and the benchmark. Every time is taken at the caller:
 voice-to-voice latency runs from the moment the last sample of an utterance was sent to the
-first audible reply frame received.
+first audible reply frame received. The turns themselves are `voice.devtools.turns.converse`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import fractions
 import json
-import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 import av
 import httpx
@@ -23,24 +20,16 @@ from aiortc.mediastreams import MediaStreamError
 
 from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
 from voice.audio import rms
+from voice.devtools.turns import (
+    AUDIBLE_RMS,
+    CallerTurn,
+    CallResult,
+    Ear,
+    FrameTest,
+    barge_in_stop_ms,
+    converse,
+)
 from voice.transports.webrtc import PacedAudioTrack, shorten_jitter_buffer
-
-log = logging.getLogger(__name__)
-
-AUDIBLE_RMS = 300.0  # int16 RMS above which a received 20 ms frame counts as reply audio
-_TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
-
-
-def voiced_span(pcm: PCM) -> tuple[int, int]:
-    """Indices of the first and last audible 20 ms frames of an utterance (its speech)."""
-    loud = [
-        i
-        for i in range(0, max(1, len(pcm)), FRAME_SAMPLES)
-        if rms(pcm[i : i + FRAME_SAMPLES]) > AUDIBLE_RMS
-    ]
-    if not loud:
-        return 0, max(0, (len(pcm) - 1) // FRAME_SAMPLES)
-    return loud[0] // FRAME_SAMPLES, loud[-1] // FRAME_SAMPLES
 
 
 class CallerMicrophone(PacedAudioTrack):
@@ -75,51 +64,8 @@ class CallerMicrophone(PacedAudioTrack):
         return samples
 
 
-@dataclass
-class CallerTurn:
-    """One utterance and the reply it got, timed at the caller."""
-
-    onset: float  # monotonic: first audible frame of the utterance sent
-    speech_end: float  # monotonic: last audible frame sent
-    reply_start: float | None = None  # first audible reply frame received after speech_end
-    reply_stop: float | None = None  # reply audio went silent (for an interrupted reply)
-
-    @property
-    def voice_to_voice_ms(self) -> float | None:
-        if self.reply_start is None:
-            return None
-        return round((self.reply_start - self.speech_end) * 1e3, 1)
-
-
-@dataclass
-class CallResult:
-    call_id: str
-    turns: list[CallerTurn]
-    reply_audio: PCM  # everything received, 16 kHz mono
-    events: list[dict[str, object]] = field(default_factory=list)
-    barge_in_stop_ms: float | None = None  # caller onset -> reply audio stopped
-
-    def transcripts(self, role: str) -> list[str]:
-        return [
-            str(e["text"])
-            for e in self.events
-            if e.get("type") == "transcript" and e.get("role") == role
-        ]
-
-    def records(self) -> list[dict[str, object]]:
-        return [e["record"] for e in self.events if e.get("type") == "turn"]  # type: ignore[misc]
-
-
-FrameTest = Callable[[list[tuple[float, bool]]], float | None]
-
-
-class _Ear:
+class _TrackEar(Ear):
     """Receives the reply track: keeps the audio and when each frame was audible."""
-
-    def __init__(self) -> None:
-        self.frames: list[tuple[float, bool]] = []  # (received at, audible)
-        self.chunks: list[PCM] = []
-        self.changed = asyncio.Event()
 
     async def listen(self, track: MediaStreamTrack) -> None:
         resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
@@ -130,56 +76,40 @@ class _Ear:
                 now = time.monotonic()
                 for out in resampler.resample(frame):
                     pcm = out.to_ndarray().reshape(-1).astype(np.int16, copy=False)
-                    self.chunks.append(pcm)
-                    self.frames.append((now, rms(pcm) > AUDIBLE_RMS))
-                self.changed.set()
+                    self.record(now, rms(pcm) > AUDIBLE_RMS, pcm)
         except MediaStreamError:
             pass
 
-    async def wait_for(self, predicate: FrameTest, within_s: float) -> float | None:
-        """Wait until `predicate(frames)` returns a time; None after `within_s` seconds."""
-        deadline = time.monotonic() + within_s
-        while True:
-            found = predicate(self.frames)
-            if found is not None:
-                return found
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            self.changed.clear()
-            try:
-                await asyncio.wait_for(self.changed.wait(), remaining)
-            except TimeoutError:
-                return None
+
+class _WebRTCLine:
+    """The caller's end of a WebRTC call, as the turn loop uses it."""
+
+    def __init__(self, mic: CallerMicrophone, ear: Ear) -> None:
+        self.mic = mic
+        self.ear = ear
+
+    def say(self, pcm: PCM) -> asyncio.Future[list[float]]:
+        return self.mic.say(pcm)
+
+    async def hear(self, predicate: FrameTest, within_s: float) -> float | None:
+        return await self.ear.wait_for(predicate, within_s)
+
+    async def press(self, digits: str) -> None:
+        raise NotImplementedError("the WebRTC caller has no keypad")
 
 
-def first_audible_after(t: float) -> FrameTest:
-    def find(frames: list[tuple[float, bool]]) -> float | None:
-        for at, audible in frames:
-            if at > t and audible:
-                return at
-        return None
-
-    return find
-
-
-def silent_for_after(t: float, quiet_s: float) -> FrameTest:
-    """The start of the first silent stretch of `quiet_s` seconds that begins after `t`."""
-
-    def find(frames: list[tuple[float, bool]]) -> float | None:
-        start: float | None = None
-        for at, audible in frames:
-            if at <= t:
-                continue
-            if audible:
-                start = None
-            elif start is None:
-                start = at
-            elif at - start >= quiet_s:
-                return start
-        return None
-
-    return find
+async def _offer(pc: RTCPeerConnection, url: str) -> str:
+    """Send the offer to the server's `/offer`, apply its answer; gives the call's id."""
+    await pc.setLocalDescription(await pc.createOffer())
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(
+            f"{url.rstrip('/')}/offer",
+            json={"sdp": pc.localDescription.sdp, "type": pc.localDescription.type},
+        )
+        response.raise_for_status()
+        answer = response.json()
+    await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
+    return str(answer["call_id"])
 
 
 async def place_call(
@@ -198,7 +128,7 @@ async def place_call(
     """
     pc = RTCPeerConnection()
     mic = CallerMicrophone()
-    ear = _Ear()
+    ear = _TrackEar()
     events: list[dict[str, object]] = []
     listeners: list[asyncio.Task[None]] = []
     pc.addTrack(mic)
@@ -218,47 +148,20 @@ async def place_call(
     turns: list[CallerTurn] = []
     call_id = ""
     try:
-        await pc.setLocalDescription(await pc.createOffer())
-        async with httpx.AsyncClient(timeout=30) as http:
-            response = await http.post(
-                f"{url.rstrip('/')}/offer",
-                json={"sdp": pc.localDescription.sdp, "type": pc.localDescription.type},
-            )
-            response.raise_for_status()
-            answer = response.json()
-        call_id = answer["call_id"]
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
-        for index, pcm in enumerate(utterances):
-            interrupting = (
-                barge_in_after_ms is not None and index == len(utterances) - 1 and bool(turns)
-            )
-            if interrupting and barge_in_after_ms is not None:
-                previous = turns[-1]
-                if previous.reply_start is not None:
-                    delay = previous.reply_start + barge_in_after_ms / 1e3 - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)  # the script's own timing, not a synchronisation
-            sent = await mic.say(pcm)
-            first, last = voiced_span(pcm)
-            onset, speech_end = sent[first], sent[last] + FRAME_SAMPLES / SAMPLE_RATE
-            turn = CallerTurn(onset=onset, speech_end=speech_end)
-            turns.append(turn)
-            if interrupting:
-                previous = turns[-2]
-                previous.reply_stop = await ear.wait_for(silent_for_after(onset, 0.25), 5.0)
-            turn.reply_start = await ear.wait_for(first_audible_after(speech_end), reply_timeout_s)
-            if turn.reply_start is None:
-                log.warning("no reply heard within %.0f s", reply_timeout_s)
-                break
-            next_interrupts = barge_in_after_ms is not None and index == len(utterances) - 2
-            if not next_interrupts:
-                await ear.wait_for(silent_for_after(turn.reply_start, quiet_s), reply_timeout_s)
+        call_id = await _offer(pc, url)
+        await converse(
+            _WebRTCLine(mic, ear),
+            utterances,
+            turns,
+            barge_in_after_ms=barge_in_after_ms,
+            reply_timeout_s=reply_timeout_s,
+            quiet_s=quiet_s,
+        )
     finally:
         await pc.close()
         for task in listeners:
             task.cancel()
-    audio = np.concatenate(ear.chunks) if ear.chunks else np.zeros(0, dtype=np.int16)
-    result = CallResult(call_id, turns, audio, events)
-    if barge_in_after_ms is not None and len(turns) >= 2 and turns[-2].reply_stop is not None:
-        result.barge_in_stop_ms = round((turns[-2].reply_stop - turns[-1].onset) * 1e3, 1)
+    result = CallResult(call_id, turns, ear.audio(), events)
+    if barge_in_after_ms is not None:
+        result.barge_in_stop_ms = barge_in_stop_ms(turns)
     return result

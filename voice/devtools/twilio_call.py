@@ -1,0 +1,155 @@
+"""Places a call the way Twilio does, with the emulated phone of `voice.devtools.phone_caller`.
+
+Twilio first POSTs the incoming call to the number's voice webhook and follows the TwiML it
+answers: `<Connect><Stream>` names the Media Stream to open and its `<Parameter>`s, anything
+else turns the call away. On the stream, `TwilioPhone` plays Twilio's part while the caller
+speaks its turns (`voice.devtools.turns.converse`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import xml.etree.ElementTree as ET
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any
+
+import httpx
+import numpy as np
+from websockets.asyncio.client import connect
+
+from pipeline.transport import PCM
+from voice.devtools.phone_caller import (
+    DEFAULT_CALLEE,
+    DEFAULT_CALLER,
+    PhoneCallResult,
+    TwilioPhone,
+    twilio_sid,
+)
+from voice.devtools.turns import CallerTurn, converse
+from voice.transports.phone.twilio import (
+    CALLEE_PARAMETER,
+    CALLER_PARAMETER,
+    SIGNATURE_HEADER,
+    twilio_signature,
+)
+
+log = logging.getLogger(__name__)
+
+
+async def answer_webhook(
+    base_url: str,
+    call_sid: str,
+    account_sid: str,
+    numbers: Mapping[str, str],
+    auth_token: str | None,
+) -> tuple[str, dict[str, str]] | str:
+    """POST the incoming-call webhook as Twilio does (signed when `auth_token` is given).
+
+    Returns the stream URL and `<Parameter>`s of a `<Connect><Stream>` answer, or, when the
+    TwiML turns the call away, what it said (or the verb it used). Over plain http the stream's
+    `wss://` becomes `ws://`, since a local server has no TLS.
+    """
+    webhook = base_url.rstrip("/")
+    if not webhook.endswith("/twilio/voice"):
+        webhook += "/twilio/voice"
+    caller, callee = numbers[CALLER_PARAMETER], numbers[CALLEE_PARAMETER]
+    form = {
+        "AccountSid": account_sid,
+        "ApiVersion": "2010-04-01",
+        "CallSid": call_sid,
+        "CallStatus": "ringing",
+        "Called": callee,
+        "Caller": caller,
+        "Direction": "inbound",
+        "From": caller,
+        "To": callee,
+    }
+    headers = {SIGNATURE_HEADER: twilio_signature(auth_token, webhook, form)} if auth_token else {}
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(webhook, data=form, headers=headers)
+        response.raise_for_status()
+    twiml = ET.fromstring(response.text)
+    stream = twiml.find("Connect/Stream")
+    if stream is None or not stream.get("url"):
+        said = twiml.findtext("Say")
+        return said if said else (twiml[0].tag if len(twiml) else "empty TwiML")
+    url = str(stream.get("url"))
+    if webhook.startswith("http://") and url.startswith("wss://"):
+        url = "ws://" + url.removeprefix("wss://")
+    parameters = {str(p.get("name")): str(p.get("value", "")) for p in stream.iter("Parameter")}
+    return url, parameters
+
+
+async def place_twilio_call(
+    stream_url: str,
+    utterances: Sequence[PCM],
+    *,
+    barge_in_after_ms: float | None = None,
+    dtmf: str = "",
+    reply_timeout_s: float = 30.0,
+    quiet_s: float = 0.8,
+    parameters: Mapping[str, str] | None = None,
+    auth_token: str | None = None,
+    call_sid: str | None = None,
+) -> PhoneCallResult:
+    """Call Hotline the way Twilio would and speak `utterances` (16 kHz), one turn each.
+
+    `stream_url` is either the stream itself (`ws://host/twilio/stream`; `parameters` become
+    `customParameters`, with `from`/`to` numbers added) or the server's http(s) base URL, in
+    which case the incoming-call webhook is asked first (signed with `auth_token` if given) and
+    the stream and parameters come from its TwiML, exactly as with Twilio. Turn-taking,
+    `barge_in_after_ms` and the `dtmf` keys (pressed after the first reply) are
+    `voice.devtools.turns.converse`'s. With `auth_token`, the stream's handshake is signed too, as
+    Twilio signs it.
+    Ends with `stop` and closes the socket.
+    """
+    custom = {CALLER_PARAMETER: DEFAULT_CALLER, CALLEE_PARAMETER: DEFAULT_CALLEE}
+    custom.update(parameters or {})
+    call_sid, account_sid = call_sid or twilio_sid("CA"), twilio_sid("AC")
+    if stream_url.startswith(("http://", "https://")):
+        answer = await answer_webhook(stream_url, call_sid, account_sid, custom, auth_token)
+        if isinstance(answer, str):
+            return PhoneCallResult(call_sid, [], np.zeros(0, dtype=np.int16), rejected=answer)
+        stream_url, custom = answer
+    turns: list[CallerTurn] = []
+    signed = {SIGNATURE_HEADER: twilio_signature(auth_token, stream_url, {})} if auth_token else {}
+    async with connect(
+        stream_url, compression=None, open_timeout=10, additional_headers=signed
+    ) as socket:
+        phone = TwilioPhone(socket, call_sid, account_sid, custom)
+        await phone.open()
+        await _talk(
+            phone,
+            converse(
+                phone,
+                utterances,
+                turns,
+                barge_in_after_ms=barge_in_after_ms,
+                dtmf=dtmf,
+                reply_timeout_s=reply_timeout_s,
+                quiet_s=quiet_s,
+            ),
+        )
+    return phone.result(turns, barge_in_after_ms is not None)
+
+
+async def _talk(phone: TwilioPhone, conversation: Coroutine[Any, Any, None]) -> None:
+    """Run the phone's clock and ear and the caller's `conversation` until it ends or the server
+    hangs up, then hang up."""
+    clock = asyncio.create_task(phone.run())
+    ear = asyncio.create_task(phone.listen())
+    script = asyncio.create_task(conversation)
+    ended = asyncio.create_task(phone.hung_up.wait())
+    try:
+        await asyncio.wait({script, ended}, return_when=asyncio.FIRST_COMPLETED)
+        for part in (script, clock, ear):
+            if part.done():
+                part.result()  # a failure in the phone itself is raised, not hidden
+        if not script.done():
+            log.warning("the server hung up on the call")
+        await phone.hang_up()
+    finally:
+        for task in (script, ended, clock, ear):
+            task.cancel()
+        await asyncio.gather(script, ended, clock, ear, return_exceptions=True)
