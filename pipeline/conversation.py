@@ -102,7 +102,7 @@ class ReplyStream(Protocol):
 
 
 class LanguageModel(Protocol):
-    """The call's LLM (`pipeline.llm.routing.CallLLM`): plans and streams each turn's reply."""
+    """The call's LLM (`pipeline.llm.routing.CallRouter`): plans and streams each turn's reply."""
 
     experiment: str | None
     arm: str | None

@@ -21,7 +21,7 @@ from pipeline.llm.client import ChatMessage
 from pipeline.llm.controller import Controller
 from pipeline.llm.decision import Decision
 from pipeline.llm.errors import LLMError
-from pipeline.llm.routing import CallLLM, Policy, RoutedReply, TierRouter
+from pipeline.llm.routing import CallRouter, Policy, RoutedReply, TierRouter
 from pipeline.llm.settings import ControllerSettings, LLMSettings
 from pipeline.llm.tiers import LLMTier
 from voice.llm_sim.simulator import (
@@ -79,7 +79,7 @@ class Rig:
     def sim(self) -> SimulatorSettings:
         return simulator_settings(self.app)
 
-    def call(self, **policy: Any) -> CallLLM:
+    def call(self, **policy: Any) -> CallRouter:
         return self.router.for_call(Policy(**policy), "exp-1", "arm-a")
 
 

@@ -9,7 +9,7 @@ errors.py      LLMError, read from the provider's status, error body and Retry-A
 estimates.py   what the controller learns and predicts: LatencyModel, TurnOutcome
 controller.py  the latency budget controller's planning: Controller, TurnContext, TurnPlan
 attempt.py     one request of a turn, read by its own task: Attempt
-routing.py     TierRouter -> CallLLM -> RoutedReply: plan, request, fallback, hedge
+routing.py     TierRouter -> CallRouter -> RoutedReply: plan, request, fallback, hedge
 decision.py    Decision: what the turn record keeps of it all
 ```
 

@@ -2,7 +2,7 @@
 
 ```
 TierRouter (one a process: a client per tier, one shared Controller)
-  .for_call(policy, experiment, arm) -> CallLLM (one a call)
+  .for_call(policy, experiment, arm) -> CallRouter (one a call)
     .reply(history, zero) -> RoutedReply (one a turn): plan -> request -> deltas
 ```
 
@@ -96,15 +96,15 @@ class TierRouter:
 
     def for_call(
         self, policy: Policy, experiment: str | None = None, arm: str | None = None
-    ) -> CallLLM:
-        return CallLLM(self, policy, experiment, arm)
+    ) -> CallRouter:
+        return CallRouter(self, policy, experiment, arm)
 
     async def aclose(self) -> None:
         for client in self.clients.values():
             await client.aclose()
 
 
-class CallLLM:
+class CallRouter:
     """The router bound to one call's policy (its experiment arm)."""
 
     def __init__(
@@ -136,7 +136,7 @@ class CallLLM:
 class RoutedReply:
     """One turn's reply: visible text deltas from whichever request speaks first."""
 
-    def __init__(self, call: CallLLM, history: Sequence[ChatMessage], zero: float) -> None:
+    def __init__(self, call: CallRouter, history: Sequence[ChatMessage], zero: float) -> None:
         self.call = call
         self.router = call.router
         self.history = list(history)

@@ -169,14 +169,14 @@ def report(
 
 
 async def _from_redis(url: str, prefix: str, name: str) -> list[dict[str, Any]]:
-    from voice.cluster.records import SessionSettings
-    from voice.cluster.store import DOWN, connect
+    from voice.cluster.records import RegistrySettings
+    from voice.cluster.store import REDIS_UNREACHABLE, connect
     from voice.experiments.arms import ExperimentStore, experiment_records
 
-    client = connect(SessionSettings(redis_url=url))
+    client = connect(RegistrySettings(redis_url=url))
     try:
         return await experiment_records(ExperimentStore(client, prefix), name)
-    except DOWN as exc:
+    except REDIS_UNREACHABLE as exc:
         raise _fail(f"cannot reach Redis at {url}: {exc}") from exc
     finally:
         await client.aclose()

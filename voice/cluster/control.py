@@ -14,11 +14,11 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from voice.cluster.records import NoAck, SessionsUnavailable, UnknownCall
-from voice.cluster.sessions_base import SessionsBase
-from voice.cluster.store import DOWN, control_list, not_cancelled, reply_list, text
+from voice.cluster.records import NoAck, RegistryUnavailable, UnknownCall
+from voice.cluster.registry_base import CallRegistryBase
+from voice.cluster.store import REDIS_UNREACHABLE, control_list, not_cancelled, reply_list, text
 
-log = logging.getLogger("voice.cluster.sessions")
+log = logging.getLogger("voice.cluster.registry")
 
 
 @dataclass
@@ -35,14 +35,14 @@ class Control:
         await self.sessions._reply(self.reply_key, result)
 
 
-class ControlChannel(SessionsBase):
+class ControlChannel(CallRegistryBase):
     """`send_control` from any worker; `control_commands` for this worker's calls."""
 
     async def send_control(
         self, call_id: str, command: str, args: dict[str, Any] | None = None, timeout_s: float = 5.0
     ) -> dict[str, Any]:
         """Send `command` to the worker that owns the call; its ack. UnknownCall: no active call
-        has this id; NoAck: none within `timeout_s`; SessionsUnavailable: Redis is down."""
+        has this id; NoAck: none within `timeout_s`; RegistryUnavailable: Redis is down."""
         [owner] = await self._batch(lambda pipe: pipe.hget(self._active_key, call_id))
         if owner is None:
             raise UnknownCall(call_id)
@@ -60,9 +60,9 @@ class ControlChannel(SessionsBase):
         while not_cancelled() and (left := deadline - time.monotonic()) > 0:
             try:
                 popped = await self.redis.blpop([reply_key], timeout=min(left, self._block_s))
-            except DOWN as exc:
+            except REDIS_UNREACHABLE as exc:
                 self._down(exc)
-                raise SessionsUnavailable(str(exc)) from exc
+                raise RegistryUnavailable(str(exc)) from exc
             if popped is not None:
                 result: dict[str, Any] = json.loads(popped[1])
                 return result
@@ -76,7 +76,7 @@ class ControlChannel(SessionsBase):
             try:
                 popped = await self.redis.blpop([inbox], timeout=self._block_s)
             except RedisError as exc:
-                if not isinstance(exc, DOWN):
+                if not isinstance(exc, REDIS_UNREACHABLE):
                     log.exception("sessions: reading control commands")
                 self._down(exc)
                 await asyncio.sleep(self._block_s)
@@ -99,5 +99,5 @@ class ControlChannel(SessionsBase):
             await self._batch(
                 lambda pipe: (pipe.rpush(reply_key, json.dumps(result)), pipe.expire(reply_key, 60))
             )
-        except SessionsUnavailable as exc:
+        except RegistryUnavailable as exc:
             log.warning("sessions: ack to %s lost: %s", reply_key, exc)

@@ -10,9 +10,9 @@ import time
 
 from redis.exceptions import RedisError
 
-from voice.cluster.sessions_base import SessionsBase
+from voice.cluster.registry_base import CallRegistryBase
 from voice.cluster.store import (
-    DOWN,
+    REDIS_UNREACHABLE,
     Args,
     Op,
     call_keys,
@@ -23,10 +23,10 @@ from voice.cluster.store import (
     worker_keys,
 )
 
-log = logging.getLogger("voice.cluster.sessions")
+log = logging.getLogger("voice.cluster.registry")
 
 
-class Liveness(SessionsBase):
+class Liveness(CallRegistryBase):
     """Heartbeats (`_beat`, `_beat_loop`) and the reaper (`reap`)."""
 
     async def _beat(self) -> None:
@@ -47,7 +47,7 @@ class Liveness(SessionsBase):
                         *calls,
                     ],
                 )
-            except DOWN as exc:
+            except REDIS_UNREACHABLE as exc:
                 self._down(exc)
                 raise
         self._up()
@@ -65,7 +65,7 @@ class Liveness(SessionsBase):
                 await self._beat()
                 if time.monotonic() >= self._reap_after:
                     await self.reap()
-            except DOWN:
+            except REDIS_UNREACHABLE:
                 pass  # noted by _beat; the next beat registers again
             except RedisError:
                 log.exception("sessions: heartbeat failed")

@@ -1,5 +1,5 @@
 """What the cluster registry holds: its settings, worker and call records, admission results
-and errors. `voice.cluster.sessions` keeps them in Redis."""
+and errors. `voice.cluster.registry` keeps them in Redis."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pydantic import BaseModel
 TERMINAL_STATES = frozenset({"ended", "lost", "failed"})
 
 
-class SessionSettings(BaseModel):
+class RegistrySettings(BaseModel):
     """Where the cluster's shared state lives and how long it is kept."""
 
     # None: an in-process store (one process is the whole cluster). Otherwise redis://,
@@ -41,7 +41,7 @@ class WorkerInfo:
 
 
 @dataclass
-class CallInfo:
+class RegisteredCall:
     call_id: str
     transport: str = ""
     worker_id: str = ""
@@ -61,7 +61,7 @@ class Admission:
     reason: str  # ok | draining | duplicate | worker_full | cluster_full | redis_unavailable
 
 
-class SessionsUnavailable(Exception):
+class RegistryUnavailable(Exception):
     """Redis could not be reached for a read or a control message."""
 
 

@@ -1,4 +1,4 @@
-"""The Redis storage layer of `voice.cluster.sessions`: key layout, Lua scripts, client, encodings.
+"""The Redis storage layer of `voice.cluster.registry`: key layout, Lua scripts, client, encodings.
 
 Keys (prefix `p`). Everything admission, heartbeats and the reaper touch atomically shares the
 Redis Cluster slot `{p}`; each call's keys share the call's own slot:
@@ -6,7 +6,7 @@ Redis Cluster slot `{p}`; each call's keys share the call's own slot:
   {p}:worker:<w>             hash: WorkerInfo, expires `worker_ttl_s` after the last heartbeat
   {p}:worker:<w>:calls       set: the worker's active call ids
   {p}:active                 hash: active call id -> worker id (the cluster-wide count)
-  p:call:{<id>}:record       hash: CallInfo, each field JSON
+  p:call:{<id>}:record       hash: RegisteredCall, each field JSON
   p:call:{<id>}:turns        stream: one entry per finished turn, id `<ms>-0` (its wall clock)
   p:call:{<id>}:events       stream: live events (state, turn, anything `publish`ed)
   p:experiment:{<name>}:*    an experiment's config and calls (see `voice.experiments.arms`)
@@ -32,15 +32,22 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # "Redis is not there right now": writes wait, reads fail, loops retry. ReadOnlyError: a
 # failover in progress (still talking to the old master).
-DOWN: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ClusterDownError)
-DOWN += (TryAgainError, ReadOnlyError, OSError, TimeoutError)
+REDIS_UNREACHABLE: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    ReadOnlyError,
+    OSError,
+    TimeoutError,
+)
 EVENTS_KEPT = 1000  # approximate length cap of a call's event stream (also in the Lua below)
 T = TypeVar("T")
 Args = list[str | int | float]
 
 
 class ClientSettings(Protocol):
-    """What `connect` reads: `voice.cluster.sessions.SessionSettings` has it."""
+    """What `connect` reads: `voice.cluster.registry.RegistrySettings` has it."""
 
     redis_url: str | None
     cluster: bool
@@ -48,8 +55,8 @@ class ClientSettings(Protocol):
     socket_timeout_s: float
 
 
-class CallRecord(Protocol):
-    """What the outbox needs of a call: `voice.cluster.sessions.CallInfo` has it."""
+class CallRef(Protocol):
+    """What the outbox needs of a call: `voice.cluster.registry.RegisteredCall` has it."""
 
     call_id: str
     worker_id: str
@@ -84,7 +91,7 @@ def experiment_keys(prefix: str, name: str) -> tuple[str, str]:
 
 
 async def index_experiment_call(
-    redis: aioredis.Redis, prefix: str, call: CallRecord, retention_s: int
+    redis: aioredis.Redis, prefix: str, call: CallRef, retention_s: int
 ) -> None:
     """List a call that is in an experiment under it (its report finds the call there)."""
     experiment = getattr(call, "experiment", None)
@@ -110,7 +117,7 @@ class Op:
     """A buffered write: `record` (the call's fields now), `end`, `turn` or `event`."""
 
     kind: str
-    call: CallRecord
+    call: CallRef
     event: str = ""  # JSON event for the call's event stream, or ""
     turn: str = ""  # JSON turn record
     turn_ms: int = 0  # the turn's stream id: its wall-clock ms, increasing within the call
@@ -250,7 +257,7 @@ def connect(settings: ClientSettings) -> aioredis.Redis:
 
 def not_cancelled() -> bool:
     """Raise CancelledError if this task was cancelled: Python 3.11's `asyncio.wait_for` (in
-    fakeredis) can swallow a cancellation that races a reply, so every `Sessions` loop checks."""
+    fakeredis) can swallow a cancellation that races a reply, so every registry loop checks."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError

@@ -28,8 +28,8 @@ import yaml
 from pydantic import BaseModel, Field, model_validator
 
 from pipeline.llm.routing import Policy
-from voice.cluster.records import CallInfo
-from voice.cluster.store import DOWN, call_keys, decode, experiment_keys, text
+from voice.cluster.records import RegisteredCall
+from voice.cluster.store import REDIS_UNREACHABLE, call_keys, decode, experiment_keys, text
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class ExperimentStore:
         try:
             name = await self.active_name()
             self._running = None if name is None else await self.get(name)
-        except DOWN as exc:
+        except REDIS_UNREACHABLE as exc:
             log.warning("experiments: Redis unreachable (%s); using the last one read", exc)
         return self._running
 
@@ -152,7 +152,7 @@ async def experiment_records(store: ExperimentStore, name: str) -> list[dict[str
             record, turns = replies[2 * i], replies[2 * i + 1]
             if not record:
                 continue
-            info = decode(CallInfo, record, call_id=call_id)
+            info = decode(RegisteredCall, record, call_id=call_id)
             for _id, data in turns or []:
                 turn = json.loads(text(data.get(b"data", data.get("data", b"{}"))))
                 records.append(

@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from pipeline.conversation import Conversation
 from pipeline.llm.controller import Controller
-from pipeline.llm.routing import CallLLM, TierRouter
+from pipeline.llm.routing import CallRouter, TierRouter
 from pipeline.llm.settings import ControllerSettings, LLMSettings
 from pipeline.records import TurnRecord
 from pipeline.sentences import SentenceSettings
@@ -249,7 +249,7 @@ async def _run_call(
     call_id: str,
     line: ReplayLine,
     stt: SpeechToText,
-    llm: CallLLM,
+    llm: CallRouter,
     tts: TextToSpeech,
     emit: Callable[[dict[str, Any]], None],
 ) -> None:

@@ -21,7 +21,7 @@ from pipeline.llm.routing import TierRouter
 from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
 from voice.cluster.records import WorkerInfo
-from voice.cluster.sessions import Sessions
+from voice.cluster.registry import CallRegistry
 from voice.experiments.arms import load_experiment
 from voice.llm_sim.simulator import running_simulator
 from voice.server.api import APIError, api_error_response
@@ -98,7 +98,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             address=f"{settings.host}:{settings.port}",
             capacity=settings.max_calls,
         )
-        sessions = await Sessions.open(settings.session_settings(), worker)
+        sessions = await CallRegistry.open(settings.session_settings(), worker)
         await sessions.start()
         stack.push_async_callback(sessions.close)
         switchboard = Switchboard(

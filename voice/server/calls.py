@@ -18,8 +18,8 @@ from pipeline.llm.client import ChatMessage
 from pipeline.llm.routing import Policy, TierRouter
 from pipeline.records import TurnRecord
 from pipeline.transport import Transport
-from voice.cluster.records import CallInfo
-from voice.cluster.sessions import Sessions
+from voice.cluster.records import RegisteredCall
+from voice.cluster.registry import CallRegistry
 from voice.experiments.arms import ExperimentStore
 from voice.server import metrics
 from voice.server.settings import Settings
@@ -149,7 +149,7 @@ class Switchboard:
         phone_stt: SpeechRecognizer,
         router: TierRouter,
         tts: SpeechSynthesizer,
-        sessions: Sessions,
+        sessions: CallRegistry,
     ) -> None:
         self.settings = settings
         self.sessions = sessions
@@ -190,7 +190,7 @@ class Switchboard:
         if reason is None:
             experiment = await self.experiments.running()
             arm = experiment.assign(call_id) if experiment else None
-            info = CallInfo(call_id, transport, caller=caller, callee=callee)
+            info = RegisteredCall(call_id, transport, caller=caller, callee=callee)
             if experiment is not None and arm is not None:
                 info.experiment, info.arm = experiment.name, arm.name
             admission = await self.sessions.admit(info)

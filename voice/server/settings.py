@@ -18,7 +18,7 @@ from pipeline.sentences import SentenceSettings
 from pipeline.stt import STTSettings
 from pipeline.tts import TTSSettings
 from pipeline.turns import TurnSettings
-from voice.cluster.records import SessionSettings
+from voice.cluster.records import RegistrySettings
 from voice.llm_sim.simulator import SimulatorSettings
 
 
@@ -119,7 +119,7 @@ class Settings(BaseSettings):
     telephony: TelephonySettings = Field(default_factory=TelephonySettings)
     # Redis shared by every worker (HOTLINE_REDIS_URL); unset: an in-process store, one worker.
     redis_url: str | None = None
-    sessions: SessionSettings = Field(default_factory=SessionSettings)
+    sessions: RegistrySettings = Field(default_factory=RegistrySettings)
 
     def stream_secret(self) -> bytes | None:
         """The key of stream tokens: its own setting, else the API token, else Twilio's."""
@@ -129,7 +129,7 @@ class Settings(BaseSettings):
         token = self.telephony.twilio_auth_token
         return None if token is None else token.get_secret_value().encode()
 
-    def session_settings(self) -> SessionSettings:
+    def session_settings(self) -> RegistrySettings:
         """The sessions settings, with HOTLINE_REDIS_URL applied."""
         if self.redis_url is None:
             return self.sessions

@@ -171,7 +171,7 @@ class OutboundAudio(PacedAudioTrack):
         return frame
 
 
-class WebRTCCall:
+class WebRTCTransport:
     """A `Transport` over one aiortc peer connection."""
 
     def __init__(

@@ -13,8 +13,8 @@ from fastapi import APIRouter, Depends, Request, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect
 
-from voice.cluster.records import NoAck, SessionsUnavailable, UnknownCall
-from voice.cluster.sessions import Sessions
+from voice.cluster.records import NoAck, RegistryUnavailable, UnknownCall
+from voice.cluster.registry import CallRegistry
 from voice.server.api import error, read_json_body
 from voice.server.auth import require_token
 from voice.server.calls import Switchboard
@@ -33,7 +33,7 @@ async def list_calls(request: Request) -> dict[str, object] | JSONResponse:
     """Calls in progress on every worker."""
     try:
         calls = await switchboard(request).sessions.active_calls()
-    except SessionsUnavailable as exc:
+    except RegistryUnavailable as exc:
         return error(503, f"call registry unavailable: {exc}")
     return {"calls": [_summary(switchboard(request), info.__dict__) for info in calls]}
 
@@ -51,7 +51,7 @@ async def call_detail(call_id: str, request: Request) -> dict[str, object] | JSO
         return local.detail()
     try:
         found = await switchboard(request).sessions.get_call(call_id)
-    except SessionsUnavailable as exc:
+    except RegistryUnavailable as exc:
         return error(503, f"call registry unavailable: {exc}")
     if found is None:
         return error(404, f"unknown call {call_id}")
@@ -65,10 +65,10 @@ async def watch_call(websocket: WebSocket, call_id: str) -> None:
     if not authorized_socket(websocket):
         await websocket.close(1008, "missing or wrong bearer token")
         return
-    sessions: Sessions = switchboard(websocket).sessions
+    sessions: CallRegistry = switchboard(websocket).sessions
     try:
         found = await sessions.get_call(call_id)
-    except SessionsUnavailable:
+    except RegistryUnavailable:
         await websocket.close(1013, "call registry unavailable")
         return
     if found is None:
@@ -104,7 +104,7 @@ async def _control(
         return error(404, f"no call {call_id} in progress")
     except NoAck:
         return error(504, f"the worker holding call {call_id} did not answer")
-    except SessionsUnavailable as exc:
+    except RegistryUnavailable as exc:
         return error(503, f"call registry unavailable: {exc}")
     if not ack.get("ok"):
         return error(404, str(ack.get("error", "command failed")))

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
-from voice.cluster.store import DOWN
+from voice.cluster.store import REDIS_UNREACHABLE
 from voice.experiments.arms import Experiment, ExperimentStore, experiment_records, to_jsonl
 from voice.experiments.report import build_report, render_report
 from voice.server.api import error, read_json_body
@@ -44,7 +44,7 @@ async def list_experiments(request: Request) -> dict[str, object] | JSONResponse
     try:
         names, running = await store.names(), await store.active_name()
         found = [await store.get(name) for name in names]
-    except DOWN as exc:
+    except REDIS_UNREACHABLE as exc:
         return _unavailable(exc)
     experiments = [e.model_dump(mode="json") for e in found if e is not None]
     return {"running": running, "experiments": experiments}
@@ -65,7 +65,7 @@ async def put_experiment(name: str, request: Request) -> dict[str, object] | JSO
         return error(400, f"invalid experiment: {problems}")
     try:
         await _store(request).save(experiment)
-    except DOWN as exc:
+    except REDIS_UNREACHABLE as exc:
         return _unavailable(exc)
     return {"running": experiment.name, "experiment": experiment.model_dump(mode="json")}
 
@@ -74,7 +74,7 @@ async def put_experiment(name: str, request: Request) -> dict[str, object] | JSO
 async def stop_experiment(request: Request) -> dict[str, object] | JSONResponse:
     try:
         stopped = await _store(request).stop()
-    except DOWN as exc:
+    except REDIS_UNREACHABLE as exc:
         return _unavailable(exc)
     log.info("experiment %s stopped", stopped)
     return {"stopped": stopped}
@@ -84,7 +84,7 @@ async def stop_experiment(request: Request) -> dict[str, object] | JSONResponse:
 async def get_experiment(name: str, request: Request) -> dict[str, object] | JSONResponse:
     try:
         experiment = await _store(request).get(name)
-    except DOWN as exc:
+    except REDIS_UNREACHABLE as exc:
         return _unavailable(exc)
     if experiment is None:
         return error(404, f"no experiment {name!r}")
@@ -95,7 +95,7 @@ async def _records(request: Request, name: str) -> list[dict[str, Any]] | Respon
     """The experiment's turn records, or the error response to send instead."""
     try:
         return await experiment_records(_store(request), name)
-    except DOWN as exc:
+    except REDIS_UNREACHABLE as exc:
         return _unavailable(exc)
 
 

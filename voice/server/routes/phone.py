@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import HTTPConnection
 
-from voice.cluster.records import SessionsUnavailable
+from voice.cluster.records import RegistryUnavailable
 from voice.server import metrics
 from voice.server.api import error, read_body, read_json_body
 from voice.server.auth import require_token
@@ -208,6 +208,6 @@ async def _token_refusal(
             return "stream token already used"
     except InvalidToken as exc:
         return str(exc)
-    except SessionsUnavailable:
+    except RegistryUnavailable:
         return "the call registry is unavailable to check the stream token"
     return None

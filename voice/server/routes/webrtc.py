@@ -12,7 +12,7 @@ from voice.server.auth import require_token
 from voice.server.calls import CallsFull
 from voice.server.routes import switchboard
 from voice.server.settings import Settings
-from voice.transports.webrtc import WebRTCCall, shorten_jitter_buffer
+from voice.transports.webrtc import WebRTCTransport, shorten_jitter_buffer
 
 webrtc_api = APIRouter()
 
@@ -39,7 +39,7 @@ async def offer(request: Request) -> JSONResponse:
     ]
     pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
     webrtc = settings.webrtc
-    transport = WebRTCCall(
+    transport = WebRTCTransport(
         call_id, pc, webrtc.connect_timeout_s, idle_timeout_s=webrtc.media_idle_timeout_s
     )
     try:

@@ -3,7 +3,7 @@
 Never in the audio path. A call's writes (record, turns, events, its end) go to an ordered
 in-memory outbox drained by one task; while Redis is unreachable they wait there, in order, and
 the call goes on. Admission and reads (listing, `get_call`, `send_control`) ask Redis directly:
-admission fails closed while it is down (unless `fail_open`), reads raise `SessionsUnavailable`.
+admission fails closed while it is down (unless `fail_open`), reads raise `RegistryUnavailable`.
 Without `redis_url` the process runs alone on an in-process fakeredis store, same code path.
 The key layout, the Lua scripts and the client are in `voice.cluster.store`.
 """
@@ -26,15 +26,15 @@ from voice.cluster.liveness import Liveness
 from voice.cluster.records import (
     TERMINAL_STATES,
     Admission,
-    CallInfo,
-    SessionSettings,
-    SessionsUnavailable,
+    RegisteredCall,
+    RegistrySettings,
+    RegistryUnavailable,
     UnknownCall,
     WorkerInfo,
 )
 from voice.cluster.store import (
-    DOWN,
     EVENTS_KEPT,
+    REDIS_UNREACHABLE,
     Args,
     Op,
     call_keys,
@@ -52,12 +52,12 @@ from voice.cluster.store import (
 log = logging.getLogger(__name__)
 
 
-class Sessions(Liveness, ControlChannel):
+class CallRegistry(Liveness, ControlChannel):
     """This worker's view of the cluster: `open`, `start`, then `close`. Its heartbeat and
     reaper are in `voice.cluster.liveness`, control commands in `voice.cluster.control`."""
 
     @classmethod
-    async def open(cls, settings: SessionSettings, worker: WorkerInfo) -> Sessions:
+    async def open(cls, settings: RegistrySettings, worker: WorkerInfo) -> CallRegistry:
         """Connect, register this worker (if Redis answers) and start writing the outbox."""
         self = cls(settings, worker, connect(settings))
         if settings.redis_url is None:
@@ -68,7 +68,7 @@ class Sessions(Liveness, ControlChannel):
             log.info("sessions: Redis at %s", url)
         try:
             await self._beat()
-        except DOWN as exc:
+        except REDIS_UNREACHABLE as exc:
             log.error("sessions: Redis unreachable: %s", exc)
         self._writer = asyncio.create_task(self._write_loop(), name="sessions-writer")
         return self
@@ -98,7 +98,7 @@ class Sessions(Liveness, ControlChannel):
         try:
             await self.redis.delete(worker_keys(self._prefix, self.worker.worker_id)[0])
             await self._reap_worker(self.worker.worker_id)
-        except DOWN:
+        except REDIS_UNREACHABLE:
             log.warning("sessions: Redis unreachable at close; this worker will expire")
         await self.redis.aclose()
 
@@ -106,10 +106,10 @@ class Sessions(Liveness, ControlChannel):
 
     async def set_draining(self, draining: bool) -> None:
         self.worker.draining = draining
-        with contextlib.suppress(*DOWN):
+        with contextlib.suppress(*REDIS_UNREACHABLE):
             await self._beat()
 
-    async def admit(self, call: CallInfo) -> Admission:
+    async def admit(self, call: RegisteredCall) -> Admission:
         """Admit `call` here within this worker's capacity and the cluster limit, atomically."""
         if self.worker.draining:
             return Admission(False, "draining")
@@ -120,7 +120,7 @@ class Sessions(Liveness, ControlChannel):
         try:  # a call id is never reused: a finished call's record must not be overwritten
             if not await self.claim("call", call.call_id, self.settings.retention_s):
                 return Admission(False, "duplicate")
-        except SessionsUnavailable:
+        except RegistryUnavailable:
             if not self.settings.fail_open:
                 return Admission(False, "redis_unavailable")
         call.worker_id = worker_id = self.worker.worker_id
@@ -131,7 +131,7 @@ class Sessions(Liveness, ControlChannel):
                     args: Args = [call.call_id, worker_id, self.worker.capacity, limit]
                     keys = worker_keys(self._prefix, worker_id)
                     reason = str(await self._scripts["admit"](keys=keys, args=args))
-                except DOWN as exc:
+                except REDIS_UNREACHABLE as exc:
                     self._down(exc)
                     if not self.settings.fail_open:
                         return Admission(False, "redis_unavailable")
@@ -142,7 +142,8 @@ class Sessions(Liveness, ControlChannel):
                     self._calls[call.call_id] = call
             if reason != "not_registered" or attempt == 2:
                 break
-            with contextlib.suppress(*DOWN):  # expired (a long pause): register again first
+            # Expired (a long pause): register again first.
+            with contextlib.suppress(*REDIS_UNREACHABLE):
                 await self._beat()
         if reason != "ok":
             return Admission(False, reason)
@@ -154,9 +155,9 @@ class Sessions(Liveness, ControlChannel):
         try:
             key = claim_key(self._prefix, kind, name)
             taken = await self.redis.set(key, self.worker.worker_id, nx=True, ex=int(ttl_s) or 1)
-        except DOWN as exc:
+        except REDIS_UNREACHABLE as exc:
             self._down(exc)
-            raise SessionsUnavailable(str(exc)) from exc
+            raise RegistryUnavailable(str(exc)) from exc
         self._up()
         return bool(taken)
 
@@ -181,14 +182,14 @@ class Sessions(Liveness, ControlChannel):
 
     def append_turn(self, call_id: str, record: dict[str, Any]) -> None:
         """Append a finished turn (and a `turn` event), in order; never raises."""
-        call = self._calls.get(call_id) or CallInfo(call_id, worker_id=self.worker.worker_id)
+        call = self._calls.get(call_id) or RegisteredCall(call_id, worker_id=self.worker.worker_id)
         ms = max(int(time.time() * 1000), self._turn_ms.get(call_id, 0) + 1)
         self._turn_ms[call_id] = ms  # fixed now: a retry of this write is seen as one
         self._enqueue(Op("turn", call, event_json("turn", record=record), json.dumps(record), ms))
 
     def publish(self, call_id: str, event: dict[str, Any]) -> None:
         """A live event of the call (`type` and more) for its watchers, in order; never raises."""
-        call = self._calls.get(call_id) or CallInfo(call_id)
+        call = self._calls.get(call_id) or RegisteredCall(call_id)
         self._enqueue(Op("event", call, json.dumps({"at": time.time(), **event})))
 
     async def flush(self, timeout_s: float = 5.0) -> bool:
@@ -210,7 +211,7 @@ class Sessions(Liveness, ControlChannel):
             op = self._outbox[0]
             try:
                 await self._apply(op)
-            except DOWN as exc:
+            except REDIS_UNREACHABLE as exc:
                 self._down(exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.settings.heartbeat_s / 2)
@@ -256,7 +257,7 @@ class Sessions(Liveness, ControlChannel):
         pairs = zip(ids, infos, strict=True)
         return [decode(WorkerInfo, info, worker_id=w) for w, info in pairs if info]
 
-    async def active_calls(self) -> list[CallInfo]:
+    async def active_calls(self) -> list[RegisteredCall]:
         """Every active call cluster-wide, oldest first."""
         [active] = await self._batch(lambda pipe: pipe.hgetall(self._active_key))
         owners = {text(k): text(v) for k, v in active.items()}
@@ -265,19 +266,19 @@ class Sessions(Liveness, ControlChannel):
             lambda p: [p.hgetall(call_keys(self._prefix, c)[0]) for c in ids]
         )
         calls = [
-            decode(CallInfo, record, call_id=c, worker_id=owners[c])
+            decode(RegisteredCall, record, call_id=c, worker_id=owners[c])
             for c, record in zip(ids, records, strict=True)
             if record  # admitted a moment ago: its record is on its way
         ]
         return sorted(calls, key=lambda call: call.started_at)
 
-    async def get_call(self, call_id: str) -> tuple[CallInfo, list[dict[str, Any]]] | None:
+    async def get_call(self, call_id: str) -> tuple[RegisteredCall, list[dict[str, Any]]] | None:
         """The call's record and its turns in order; None if unknown or past retention."""
         record_key, turns_key, _ = call_keys(self._prefix, call_id)
         record, turns = await self._batch(lambda p: (p.hgetall(record_key), p.xrange(turns_key)))
         if not record:
             return None
-        return decode(CallInfo, record, call_id=call_id), [
+        return decode(RegisteredCall, record, call_id=call_id), [
             json.loads(data["data"]) for _id, data in turns or []
         ]
 
@@ -289,7 +290,7 @@ class Sessions(Liveness, ControlChannel):
             try:
                 block_ms = int(self._block_s * 1000)
                 reply = await self.redis.xread({key: last}, count=100, block=block_ms)
-            except DOWN as exc:
+            except REDIS_UNREACHABLE as exc:
                 self._down(exc)
                 await asyncio.sleep(self._block_s)
                 continue

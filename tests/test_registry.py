@@ -18,15 +18,15 @@ import pytest
 
 from pipeline.records import TurnRecord
 from tests.redis_server import RedisServer
-from voice.cluster.records import CallInfo, NoAck, SessionSettings, UnknownCall, WorkerInfo
-from voice.cluster.sessions import Sessions
+from voice.cluster.records import NoAck, RegisteredCall, RegistrySettings, UnknownCall, WorkerInfo
+from voice.cluster.registry import CallRegistry
 from voice.cluster.store import connect
 
 pytestmark = pytest.mark.timeout(60)
 
 HEARTBEAT_S, TTL_S = 0.2, 0.6
 
-Open = Callable[..., Awaitable[Sessions]]
+Open = Callable[..., Awaitable[CallRegistry]]
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> float:
@@ -63,9 +63,9 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(params=["embedded", "redis"])
-def settings(request: pytest.FixtureRequest) -> SessionSettings:
+def settings(request: pytest.FixtureRequest) -> RegistrySettings:
     url = None if request.param == "embedded" else request.getfixturevalue("redis_server").url
-    return SessionSettings(
+    return RegistrySettings(
         redis_url=url,
         key_prefix=f"test-{uuid.uuid4().hex[:8]}",
         heartbeat_s=HEARTBEAT_S,
@@ -75,14 +75,14 @@ def settings(request: pytest.FixtureRequest) -> SessionSettings:
 
 
 @pytest.fixture
-async def open_worker(settings: SessionSettings) -> AsyncIterator[Open]:
-    """Opens `Sessions` for a worker (its own client) and closes them all at the end."""
-    opened: list[Sessions] = []
+async def open_worker(settings: RegistrySettings) -> AsyncIterator[Open]:
+    """Opens `CallRegistry` for a worker (its own client) and closes them all at the end."""
+    opened: list[CallRegistry] = []
 
     async def open_(
         worker_id: str, capacity: int = 8, start: bool = True, **changes: Any
-    ) -> Sessions:
-        sessions = await Sessions.open(
+    ) -> CallRegistry:
+        sessions = await CallRegistry.open(
             settings.model_copy(update=changes),
             WorkerInfo(worker_id, f"{worker_id}:8080", capacity),
         )
@@ -96,13 +96,13 @@ async def open_worker(settings: SessionSettings) -> AsyncIterator[Open]:
         await sessions.close()
 
 
-async def states(sessions: Sessions, call_id: str) -> list[str]:
+async def states(sessions: CallRegistry, call_id: str) -> list[str]:
     """Every state event of an ended call, in order."""
     return [e["state"] async for e in sessions.watch(call_id) if e["type"] == "state"]
 
 
 async def test_embedded_store_says_so(open_worker: Open, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, "voice.cluster.sessions"):
+    with caplog.at_level(logging.INFO, "voice.cluster.registry"):
         a = await open_worker("a")
     assert a.embedded == (a.settings.redis_url is None)
     assert ("in-process store" in caplog.text) == a.embedded
@@ -121,7 +121,7 @@ async def test_workers_register_heartbeat_and_expire(open_worker: Open) -> None:
 
     await a.set_draining(True)
     assert [w.draining for w in await b.workers() if w.worker_id == "a"] == [True]
-    assert not (await a.admit(CallInfo("c1"))).accepted
+    assert not (await a.admit(RegisteredCall("c1"))).accepted
 
     # Alive well past its TTL while it heartbeats; gone within the TTL once it stops.
     first_beat = next(w.heartbeat_at for w in await b.workers() if w.worker_id == "a")
@@ -133,19 +133,19 @@ async def test_workers_register_heartbeat_and_expire(open_worker: Open) -> None:
     assert gone <= TTL_S + 0.3
 
 
-async def _later_heartbeat(sessions: Sessions, worker_id: str, after: float) -> bool:
+async def _later_heartbeat(sessions: CallRegistry, worker_id: str, after: float) -> bool:
     return any(
         w.worker_id == worker_id and w.heartbeat_at > after for w in await sessions.workers()
     )
 
 
-async def _absent(sessions: Sessions, worker_id: str) -> bool:
+async def _absent(sessions: CallRegistry, worker_id: str) -> bool:
     return worker_id not in {w.worker_id for w in await sessions.workers()}
 
 
 async def test_call_record_lifecycle_and_retention(open_worker: Open) -> None:
     a, b = await open_worker("a"), await open_worker("b")
-    call = CallInfo("call-1", "twilio", caller="+15550001", callee="+15550002", arm="B")
+    call = RegisteredCall("call-1", "twilio", caller="+15550001", callee="+15550002", arm="B")
     admission = await a.admit(call)
     assert (admission.accepted, admission.reason) == (True, "ok")
     assert await a.flush()
@@ -193,7 +193,7 @@ async def test_call_record_lifecycle_and_retention(open_worker: Open) -> None:
 async def test_simultaneous_admissions_respect_cluster_limit(open_worker: Open) -> None:
     a = await open_worker("a", cluster_limit=5)
     b = await open_worker("b", cluster_limit=5)
-    arrivals = [(a if i % 2 else b).admit(CallInfo(f"c{i}")) for i in range(20)]
+    arrivals = [(a if i % 2 else b).admit(RegisteredCall(f"c{i}")) for i in range(20)]
     admissions = await asyncio.gather(*arrivals)
     assert sum(x.accepted for x in admissions) == 5
     assert {x.reason for x in admissions if not x.accepted} == {"cluster_full"}
@@ -201,25 +201,25 @@ async def test_simultaneous_admissions_respect_cluster_limit(open_worker: Open) 
 
     a.end_call(next(c.call_id for c in await a.active_calls() if c.worker_id == "a"))
     assert await a.flush()
-    assert (await b.admit(CallInfo("late"))).accepted
-    assert not (await b.admit(CallInfo("later"))).accepted
+    assert (await b.admit(RegisteredCall("late"))).accepted
+    assert not (await b.admit(RegisteredCall("later"))).accepted
 
 
 async def test_simultaneous_admissions_respect_worker_limit(open_worker: Open) -> None:
     a, b = await open_worker("a", capacity=3), await open_worker("b", capacity=3)
     admissions = await asyncio.gather(
-        *(w.admit(CallInfo(f"c{i}-{w.worker.worker_id}")) for i in range(10) for w in (a, b))
+        *(w.admit(RegisteredCall(f"c{i}-{w.worker.worker_id}")) for i in range(10) for w in (a, b))
     )
     assert sum(x.accepted for x in admissions) == 6
     assert {x.reason for x in admissions if not x.accepted} == {"worker_full"}
     owners = [c.worker_id for c in await a.active_calls()]
     assert sorted(owners) == ["a"] * 3 + ["b"] * 3
-    assert not (await a.admit(CallInfo("c1-a"))).accepted  # already active: not twice
+    assert not (await a.admit(RegisteredCall("c1-a"))).accepted  # already active: not twice
 
 
 async def test_turns_are_appended_in_order(open_worker: Open) -> None:
     a, b = await open_worker("a"), await open_worker("b")
-    await a.admit(CallInfo("call-1"))
+    await a.admit(RegisteredCall("call-1"))
     records = [turn(n) for n in range(1, 8)]
     for record in records:
         a.append_turn("call-1", record)
@@ -231,7 +231,7 @@ async def test_turns_are_appended_in_order(open_worker: Open) -> None:
 
 async def test_watch_sees_events_from_another_worker(open_worker: Open) -> None:
     a, b = await open_worker("a"), await open_worker("b")
-    await a.admit(CallInfo("call-1"))
+    await a.admit(RegisteredCall("call-1"))
     events: list[dict[str, Any]] = []
 
     async def collect() -> None:
@@ -260,8 +260,8 @@ async def _has(events: list[dict[str, Any]], kind: str) -> bool:
 
 async def test_control_reaches_the_owner_and_is_acknowledged(open_worker: Open) -> None:
     a, b = await open_worker("a"), await open_worker("b")
-    await a.admit(CallInfo("call-1"))
-    await a.admit(CallInfo("call-2"))
+    await a.admit(RegisteredCall("call-1"))
+    await a.admit(RegisteredCall("call-2"))
     received: list[tuple[str, str, dict[str, Any]]] = []
 
     async def owner() -> None:
@@ -291,7 +291,7 @@ async def test_control_reaches_the_owner_and_is_acknowledged(open_worker: Open) 
         await b.send_control("call-1", "hangup", timeout_s=0.3)
 
 
-async def _queued(sessions: Sessions, key: str) -> bool:
+async def _queued(sessions: CallRegistry, key: str) -> bool:
     return bool(await sessions.redis.llen(key))
 
 
@@ -299,7 +299,7 @@ async def test_reapers_mark_a_dead_workers_calls_lost_exactly_once(open_worker: 
     a = await open_worker("a")
     b, c = await open_worker("b", start=False), await open_worker("c", start=False)
     for call_id in ("call-1", "call-2"):
-        await a.admit(CallInfo(call_id))
+        await a.admit(RegisteredCall(call_id))
         a.append_turn(call_id, turn(1))
         a.append_turn(call_id, turn(2))
     assert await a.flush()
@@ -323,7 +323,7 @@ async def test_background_reaper_finds_a_dead_worker_within_twice_the_ttl(
 ) -> None:
     b, c = await open_worker("b"), await open_worker("c")  # two live reapers
     a = await open_worker("a")
-    await a.admit(CallInfo("call-1"))
+    await a.admit(RegisteredCall("call-1"))
     a.append_turn("call-1", turn(1))
     assert await a.flush()
     await a.stop()
@@ -336,7 +336,7 @@ async def test_background_reaper_finds_a_dead_worker_within_twice_the_ttl(
 
 async def test_a_restarted_worker_marks_its_previous_calls_lost(open_worker: Open) -> None:
     old = await open_worker("a")
-    await old.admit(CallInfo("call-1"))
+    await old.admit(RegisteredCall("call-1"))
     assert await old.flush()
     await old.stop()  # crashed; restarted at once under the same id, before any reaper ran
     new = await open_worker("a")
@@ -345,7 +345,7 @@ async def test_a_restarted_worker_marks_its_previous_calls_lost(open_worker: Ope
     assert await states(new, "call-1") == ["active", "lost"]
 
 
-async def _state_is(sessions: Sessions, call_id: str, state: str) -> bool:
+async def _state_is(sessions: CallRegistry, call_id: str, state: str) -> bool:
     found = await sessions.get_call(call_id)
     return found is not None and found[0].state == state
 
@@ -354,13 +354,13 @@ async def _state_is(sessions: Sessions, call_id: str, state: str) -> bool:
 async def test_redis_outage_buffers_turns_and_fails_closed(tmp_path: Path, fail_open: bool) -> None:
     server = RedisServer(data_dir=tmp_path)  # persistent: what was written survives the restart
     server.start()
-    settings = SessionSettings(
+    settings = RegistrySettings(
         redis_url=server.url, heartbeat_s=HEARTBEAT_S, worker_ttl_s=TTL_S, fail_open=fail_open
     )
-    a = await Sessions.open(settings, WorkerInfo("a"))
+    a = await CallRegistry.open(settings, WorkerInfo("a"))
     try:
         await a.start()
-        assert (await a.admit(CallInfo("call-1"))).accepted
+        assert (await a.admit(RegisteredCall("call-1"))).accepted
         a.append_turn("call-1", turn(1))
         assert await a.flush()
 
@@ -370,7 +370,7 @@ async def test_redis_outage_buffers_turns_and_fails_closed(tmp_path: Path, fail_
             a.append_turn("call-1", turn(n))  # the call goes on
         a.publish("call-1", {"type": "transcript", "text": "still here"})
         await eventually(lambda: _unhealthy(a))
-        admission = await a.admit(CallInfo("call-2"))
+        admission = await a.admit(RegisteredCall("call-2"))
         assert time.monotonic() - started < 3
         assert admission.accepted == fail_open
         if not fail_open:
@@ -386,7 +386,7 @@ async def test_redis_outage_buffers_turns_and_fails_closed(tmp_path: Path, fail_
         assert [t["turn"] for t in found[1]] == [1, 2, 3, 4]
         expected = ["call-1", "call-2"] if fail_open else ["call-1"]
         await eventually(lambda: _active_ids(a, expected))
-        assert (await a.admit(CallInfo("call-3"))).accepted
+        assert (await a.admit(RegisteredCall("call-3"))).accepted
     finally:
         await a.close()
         server.stop()
@@ -395,10 +395,10 @@ async def test_redis_outage_buffers_turns_and_fails_closed(tmp_path: Path, fail_
 async def test_a_full_outbox_drops_events_before_turns() -> None:
     server = RedisServer()
     server.start()
-    settings = SessionSettings(redis_url=server.url, heartbeat_s=HEARTBEAT_S, outbox_limit=4)
-    a = await Sessions.open(settings, WorkerInfo("a"))
+    settings = RegistrySettings(redis_url=server.url, heartbeat_s=HEARTBEAT_S, outbox_limit=4)
+    a = await CallRegistry.open(settings, WorkerInfo("a"))
     try:
-        await a.admit(CallInfo("call-1"))
+        await a.admit(RegisteredCall("call-1"))
         assert await a.flush()
         server.stop()
         a.publish("call-1", {"type": "transcript", "text": "dropped first"})
@@ -417,22 +417,22 @@ async def test_a_full_outbox_drops_events_before_turns() -> None:
         server.stop()
 
 
-async def _unhealthy(sessions: Sessions) -> bool:
+async def _unhealthy(sessions: CallRegistry) -> bool:
     return not sessions.healthy
 
 
-async def _active_ids(sessions: Sessions, expected: list[str]) -> bool:
+async def _active_ids(sessions: CallRegistry, expected: list[str]) -> bool:
     return sorted(c.call_id for c in await sessions.active_calls()) == expected
 
 
 async def test_redis_restarted_empty_gets_the_calls_back(tmp_path: Path) -> None:
     server = RedisServer()  # no persistence: a restart forgets everything
     server.start()
-    settings = SessionSettings(redis_url=server.url, heartbeat_s=HEARTBEAT_S, worker_ttl_s=TTL_S)
-    a = await Sessions.open(settings, WorkerInfo("a"))
+    settings = RegistrySettings(redis_url=server.url, heartbeat_s=HEARTBEAT_S, worker_ttl_s=TTL_S)
+    a = await CallRegistry.open(settings, WorkerInfo("a"))
     try:
         await a.start()
-        await a.admit(CallInfo("call-1", "webrtc", arm="A"))
+        await a.admit(RegisteredCall("call-1", "webrtc", arm="A"))
         assert await a.flush()
         server.stop()
         a.append_turn("call-1", turn(1))
@@ -452,9 +452,9 @@ async def test_redis_restarted_empty_gets_the_calls_back(tmp_path: Path) -> None
 def test_cluster_and_sentinel_urls_make_clients() -> None:
     from redis.asyncio.cluster import RedisCluster
 
-    cluster = connect(SessionSettings(redis_url="redis://10.0.0.1:7000", cluster=True))
+    cluster = connect(RegistrySettings(redis_url="redis://10.0.0.1:7000", cluster=True))
     assert isinstance(cluster, RedisCluster)
-    sentinel = connect(SessionSettings(redis_url="redis+sentinel://:pw@h1:26379,h2/mymaster/2"))
+    sentinel = connect(RegistrySettings(redis_url="redis+sentinel://:pw@h1:26379,h2/mymaster/2"))
     pool: Any = sentinel.connection_pool
     assert (pool.service_name, pool.connection_kwargs["db"]) == ("mymaster", 2)
     assert [
@@ -464,4 +464,4 @@ def test_cluster_and_sentinel_urls_make_clients() -> None:
         "h2",
     ]
     with pytest.raises(ValueError):
-        connect(SessionSettings(redis_url="redis+sentinel://h1:26379"))
+        connect(RegistrySettings(redis_url="redis+sentinel://h1:26379"))

@@ -1,7 +1,7 @@
-"""The state every part of `Sessions` shares: the Redis client, this worker's calls, the
+"""The state every part of `CallRegistry` shares: the Redis client, this worker's calls, the
 outbox of writes, and whether Redis answered last (`_up`, `_down`).
 
-`Sessions` (voice.cluster.sessions) is assembled from parts that each keep one concern:
+`CallRegistry` (voice.cluster.registry) is assembled from parts that each keep one concern:
 the heartbeat and the reaper (voice.cluster.liveness), control commands between workers
 (voice.cluster.control), and, in its own module, admission, writes and reads.
 """
@@ -17,22 +17,22 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from voice.cluster.records import CallInfo, SessionSettings, SessionsUnavailable, WorkerInfo
-from voice.cluster.store import DOWN, SCRIPTS, Op, active_key, workers_key
+from voice.cluster.records import RegisteredCall, RegistrySettings, RegistryUnavailable, WorkerInfo
+from voice.cluster.store import REDIS_UNREACHABLE, SCRIPTS, Op, active_key, workers_key
 
-log = logging.getLogger("voice.cluster.sessions")
+log = logging.getLogger("voice.cluster.registry")
 
 
-class SessionsBase:
+class CallRegistryBase:
     """This worker's connection to the cluster and what it holds for it."""
 
-    def __init__(self, settings: SessionSettings, worker: WorkerInfo, client: aioredis.Redis):
+    def __init__(self, settings: RegistrySettings, worker: WorkerInfo, client: aioredis.Redis):
         self.settings, self.worker, self.redis = settings, worker, client
         self.embedded = settings.redis_url is None
         self.healthy = False  # Redis answered the last command
         self._prefix = p = settings.key_prefix
         self._workers_key, self._active_key = workers_key(p), active_key(p)
-        self._calls: dict[str, CallInfo] = {}  # this worker's active calls: the truth it syncs
+        self._calls: dict[str, RegisteredCall] = {}  # this worker's active calls: what it syncs
         self._turn_ms: dict[str, int] = {}  # the last turn id of each call here
         self._outbox: deque[Op] = deque()
         self._wake, self._empty = asyncio.Event(), asyncio.Event()
@@ -77,13 +77,13 @@ class SessionsBase:
         self._wake.set()
 
     async def _batch(self, commands: Any) -> list[Any]:
-        """Run `commands(pipe)` in one round trip; SessionsUnavailable if Redis is down."""
+        """Run `commands(pipe)` in one round trip; RegistryUnavailable if Redis is down."""
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 commands(pipe)
                 results: list[Any] = await pipe.execute()
-        except DOWN as exc:
+        except REDIS_UNREACHABLE as exc:
             self._down(exc)
-            raise SessionsUnavailable(str(exc)) from exc
+            raise RegistryUnavailable(str(exc)) from exc
         self._up()
         return results
