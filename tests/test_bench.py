@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import Server
-from voice.devtools.bench import (
+from voice.devtools.bench import run_bench, twilio_stream_url
+from voice.devtools.bench_report import (
     DELIVERY,
     BenchReport,
     CallSample,
@@ -16,10 +17,8 @@ from voice.devtools.bench import (
     TurnSample,
     match_records,
     percentile,
-    run_bench,
     stats,
     summarize,
-    twilio_stream_url,
 )
 from voice.devtools.turns import CallerTurn, CallResult
 

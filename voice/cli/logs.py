@@ -20,11 +20,12 @@ class OneLineFormatter(logging.Formatter):
         return super().formatMessage(record).translate(_CONTROL)
 
 
-def setup_logging(level: str) -> None:
-    """Rich output on a terminal, one plain line per record otherwise (logs, CI, tests)."""
+def setup_logging(level: str, console: Console | None = None) -> None:
+    """Rich output on a terminal, one plain line per record otherwise (logs, CI, tests).
+    `console`: the one a command also draws on (a progress bar), so log lines do not tear it."""
     handler: logging.Handler
-    if sys.stderr.isatty():
-        handler = RichHandler(console=Console(stderr=True), show_path=False)
+    if console is not None or sys.stderr.isatty():
+        handler = RichHandler(console=console or Console(stderr=True), show_path=False)
         fmt = "%(name)s: %(message)s"
     else:
         handler = logging.StreamHandler()

@@ -4,19 +4,17 @@ Voice-to-voice latency runs from the end of each caller utterance to the first a
 frame, measured by the caller. Its parts come from the server's turn records (`GET /calls/{id}`,
 ms since the end of caller speech as the server detected it). CPU and memory come from the
 server's `/healthz` before and after: CPU seconds per call-minute is the server's CPU time spent
-during the run divided by the summed duration of the calls.
+during the run divided by the summed duration of the calls. The figures and their tables are
+in `voice.devtools.bench_report`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -24,14 +22,18 @@ from typing import Annotated, Any, Literal
 import httpx
 import numpy as np
 import typer
-from rich.console import Console, Group
-from rich.logging import RichHandler
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
 
-from pipeline.records import STAGES
 from voice.audio import PCM, espeak, read_wav
+from voice.cli.logs import setup_logging
+from voice.devtools.bench_report import (
+    BenchReport,
+    CallSample,
+    Health,
+    match_records,
+    summarize,
+)
 from voice.devtools.turns import CallResult
 from voice.server.urls import websocket_url
 
@@ -42,199 +44,6 @@ UTTERANCES = (
     "What will the weather be like in Paris tomorrow?",
     "Can you tell me when the pharmacy opens on Sunday?",
 )
-DELIVERY = "delivery"  # derived part: caller-side voice-to-voice minus the server's first_audio
-MATCH_WINDOW_S = 2.0  # a server record this close to a caller turn's end of speech is that turn
-
-
-# -- samples and statistics (pure) --------------------------------------------------------------
-
-
-@dataclass
-class TurnSample:
-    """One turn as the caller timed it, with the server's parts when its record was found."""
-
-    voice_to_voice_ms: float | None
-    timings_ms: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class CallSample:
-    call_id: str
-    duration_s: float
-    expected_turns: int
-    turns: list[TurnSample] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def failed(self) -> bool:
-        """The call broke, or a turn of it got no reply."""
-        return (
-            self.error is not None
-            or len(self.turns) < self.expected_turns
-            or any(turn.voice_to_voice_ms is None for turn in self.turns)
-        )
-
-
-@dataclass
-class Stats:
-    count: int
-    p50: float | None
-    p95: float | None
-    max: float | None
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The `q`th percentile, linearly interpolated between closest ranks (None when empty)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low, high = math.floor(rank), math.ceil(rank)
-    value = ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-    return round(value, 1)
-
-
-def stats(values: Sequence[float]) -> Stats:
-    return Stats(
-        len(values),
-        percentile(values, 50),
-        percentile(values, 95),
-        round(max(values), 1) if values else None,
-    )
-
-
-@dataclass
-class Health:
-    """The server's `/healthz` figures the report needs."""
-
-    cpu_s: float
-    rss_mb: float
-    peak_rss_mb: float
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Health:
-        return cls(float(data["cpu_s"]), float(data["rss_mb"]), float(data["peak_rss_mb"]))
-
-
-@dataclass
-class BenchReport:
-    url: str
-    transport: str
-    calls: int
-    turns: int
-    wall_s: float
-    voice_to_voice_ms: Stats
-    parts_ms: dict[str, Stats]
-    failures: int
-    server_cpu_s: float
-    call_minutes: float
-    cpu_s_per_call_minute: float | None
-    server_rss_mb: float
-    server_peak_rss_mb: float
-    samples: list[CallSample]
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> BenchReport:
-        data = json.loads(text)
-        data["voice_to_voice_ms"] = Stats(**data["voice_to_voice_ms"])
-        data["parts_ms"] = {name: Stats(**part) for name, part in data["parts_ms"].items()}
-        data["samples"] = [
-            CallSample(**{**call, "turns": [TurnSample(**turn) for turn in call["turns"]]})
-            for call in data["samples"]
-        ]
-        return cls(**data)
-
-    def table(self) -> Table:
-        title = (
-            f"{self.transport}: {self.calls} calls × {self.turns} turns, "
-            f"{self.failures} failed, {self.wall_s:.0f} s"
-        )
-        table = Table("ms", "n", "p50", "p95", "max", title=title)
-        rows = [("voice-to-voice (caller)", self.voice_to_voice_ms)]
-        rows += [(f"  {name}", part) for name, part in self.parts_ms.items()]
-        for name, row in rows:
-            cells = (_number(row.p50), _number(row.p95), _number(row.max))
-            table.add_row(name, str(row.count), *cells)
-        return table
-
-    def __rich__(self) -> Group:
-        cost = (
-            f"server CPU: {_number(self.cpu_s_per_call_minute, '.2f')} s per call-minute "
-            f"({self.server_cpu_s:.1f} s over {self.call_minutes:.2f} call-minutes)\n"
-            f"server RSS: peak {self.server_peak_rss_mb:.0f} MB, now {self.server_rss_mb:.0f} MB"
-        )
-        return Group(self.table(), Text(cost))
-
-
-def _number(value: float | None, spec: str = ".0f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def summarize(
-    url: str,
-    transport: str,
-    turns: int,
-    samples: list[CallSample],
-    before: Health,
-    after: Health,
-    wall_s: float,
-) -> BenchReport:
-    """Aggregate per-call samples and the server's health before and after into a report."""
-    heard = [t for call in samples for t in call.turns if t.voice_to_voice_ms is not None]
-    parts: dict[str, Stats] = {}
-    for stage in (*STAGES, DELIVERY):
-        values = [t.timings_ms[stage] for t in heard if stage in t.timings_ms]
-        if values:
-            parts[stage] = stats(values)
-    call_minutes = sum(call.duration_s for call in samples) / 60
-    cpu_s = round(max(0.0, after.cpu_s - before.cpu_s), 3)
-    return BenchReport(
-        url=url,
-        transport=transport,
-        calls=len(samples),
-        turns=turns,
-        wall_s=round(wall_s, 1),
-        voice_to_voice_ms=stats([v for t in heard if (v := t.voice_to_voice_ms) is not None]),
-        parts_ms=parts,
-        failures=sum(call.failed for call in samples),
-        server_cpu_s=cpu_s,
-        call_minutes=round(call_minutes, 3),
-        cpu_s_per_call_minute=round(cpu_s / call_minutes, 3) if call_minutes > 0 else None,
-        server_rss_mb=after.rss_mb,
-        server_peak_rss_mb=max(before.peak_rss_mb, after.peak_rss_mb),
-        samples=samples,
-    )
-
-
-def match_records(
-    result: CallResult, records: list[dict[str, Any]], clock_offset_s: float
-) -> list[TurnSample]:
-    """Pair each caller turn with the server's record of it.
-
-    One record per caller turn pairs by order. When the server heard a different number of
-    turns (an utterance split in two, a noise taken for speech), each caller turn takes the
-    record whose end of speech (wall clock) is nearest to its own, within `MATCH_WINDOW_S`;
-    `clock_offset_s` turns the caller's monotonic times into wall-clock times.
-    """
-    samples: list[TurnSample] = []
-    for index, turn in enumerate(result.turns):
-        record: dict[str, Any] | None = None
-        if len(records) == len(result.turns):
-            record = records[index]
-        elif records:
-            ended = turn.speech_end + clock_offset_s
-            nearest = min(records, key=lambda r: abs(float(r.get("started_at", 0.0)) - ended))
-            if abs(float(nearest.get("started_at", 0.0)) - ended) <= MATCH_WINDOW_S:
-                record = nearest
-        timings = {k: float(v) for k, v in (record or {}).get("timings_ms", {}).items()}
-        v2v = turn.voice_to_voice_ms
-        if v2v is not None and "first_audio" in timings:
-            timings[DELIVERY] = round(v2v - timings["first_audio"], 1)
-        samples.append(TurnSample(v2v, timings))
-    return samples
 
 
 # -- caller speech ------------------------------------------------------------------------------
@@ -397,11 +206,7 @@ def bench_command(
     come from the server's turn records. Exits 1 when a call failed or a turn got no reply.
     """
     console = Console()
-    logging.basicConfig(
-        level=logging.WARNING,
-        format="%(name)s: %(message)s",
-        handlers=[RichHandler(console=console, show_path=False)],
-    )
+    setup_logging("warning", console)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     kind: Transport = "twilio" if transport is BenchTransport.twilio else "webrtc"
     with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
