@@ -9,7 +9,7 @@ import socket
 import statistics
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 import uvicorn
@@ -21,6 +21,9 @@ from voice.cli.experiments import experiments_app
 from voice.cli.logs import setup_logging
 from voice.devtools.bench import bench_command
 from voice.devtools.soak import soak_command
+
+if TYPE_CHECKING:
+    from voice.devtools.turns import CallResult
 
 app = typer.Typer(
     help="Hotline: self-hosted real-time voice AI telephony server.", no_args_is_help=True
@@ -123,15 +126,14 @@ def call(
     import httpx
 
     from voice.audio import read_wav, write_wav
-    from voice.devtools.turns import CallResult
     from voice.devtools.twilio_call import place_twilio_call
     from voice.devtools.webrtc_caller import place_call
+    from voice.server.urls import http_url
 
     setup_logging(log_level)
     utterances = [read_wav(path) for path in wav]
     if twilio is not None:  # the calls API lives on the server that took the Twilio call
-        base = twilio.replace("wss://", "https://").replace("ws://", "http://")
-        url = base.split("/twilio/")[0]
+        url = http_url(twilio).split("/twilio/")[0]
     measured: dict[int, dict[str, list[float]]] = {}
     for attempt in range(repeat):
         result: CallResult
@@ -147,29 +149,8 @@ def call(
             result = phone
         write_wav(out, result.reply_audio)
         detail = httpx.get(f"{url.rstrip('/')}/calls/{result.call_id}", timeout=10).json()
-        records: list[dict[str, Any]] = detail.get("records", [])
         console.print(f"[bold]call {result.call_id}[/] ({attempt + 1}/{repeat}), reply: {out}")
-        table = Table(
-            "turn", "caller said", "bot replied", "voice-to-voice ms", "server parts ms", "LLM"
-        )
-        for index, turn in enumerate(result.turns):
-            record = records[index] if index < len(records) else {}
-            parts: dict[str, float] = record.get("timings_ms", {})
-            v2v = turn.voice_to_voice_ms
-            if v2v is not None:
-                samples = measured.setdefault(index, {})
-                samples.setdefault("voice_to_voice", []).append(v2v)
-                for stage, ms in parts.items():
-                    samples.setdefault(stage, []).append(ms)
-            table.add_row(
-                str(index + 1),
-                str(record.get("caller_text", "")),
-                str(record.get("reply_text", "")),
-                "-" if v2v is None else f"{v2v:.0f}",
-                " ".join(f"{k}={v:.0f}" for k, v in parts.items()),
-                _decision(record.get("decision")),
-            )
-        console.print(table)
+        console.print(_turn_table(result, detail.get("records", []), measured))
     if repeat > 1 and measured:
         stages = list(next(iter(measured.values())))
         table = Table("turn", *(f"{stage} ms" for stage in stages), title=f"medians of {repeat}")
@@ -179,6 +160,34 @@ def call(
                 *(f"{statistics.median(samples.get(stage, [0.0])):.0f}" for stage in stages),
             )
         console.print(table)
+
+
+def _turn_table(
+    result: CallResult, records: list[dict[str, Any]], measured: dict[int, dict[str, list[float]]]
+) -> Table:
+    """One call's turns, as the caller heard them and as the server recorded them; their
+    timings are added to `measured` (turn index -> part -> ms) for the medians."""
+    table = Table(
+        "turn", "caller said", "bot replied", "voice-to-voice ms", "server parts ms", "LLM"
+    )
+    for index, turn in enumerate(result.turns):
+        record = records[index] if index < len(records) else {}
+        parts: dict[str, float] = record.get("timings_ms", {})
+        v2v = turn.voice_to_voice_ms
+        if v2v is not None:
+            samples = measured.setdefault(index, {})
+            samples.setdefault("voice_to_voice", []).append(v2v)
+            for stage, ms in parts.items():
+                samples.setdefault(stage, []).append(ms)
+        table.add_row(
+            str(index + 1),
+            str(record.get("caller_text", "")),
+            str(record.get("reply_text", "")),
+            "-" if v2v is None else f"{v2v:.0f}",
+            " ".join(f"{k}={v:.0f}" for k, v in parts.items()),
+            _decision(record.get("decision")),
+        )
+    return table
 
 
 def _decision(decision: dict[str, Any] | None) -> str:
