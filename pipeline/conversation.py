@@ -10,6 +10,12 @@ The history keeps only what the caller heard: every sentence is queued at a know
 position, and when a response ends (finished or interrupted) the transport's played position
 says how far the caller got. Every turn the caller spoke leaves one record, also when they hang
 up before hearing its reply (then with nothing heard).
+
+What the conversation needs of its STT, TTS and LLM is in `pipeline.services`; what a reply
+heard and the record it leaves, in `pipeline.replies`; speculation's gate, in
+`pipeline.speculation`. This module stays over 400 lines because it is one state machine whose
+handlers share one call's state (the response task, the early transcript, the speculation, the
+words carried over); split into mixins, each part would read only with the others open.
 """
 
 from __future__ import annotations
@@ -19,9 +25,8 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -30,11 +35,12 @@ from pydantic import BaseModel, Field
 
 from pipeline.endpoint import leaves_hanging, sounds_finished
 from pipeline.llm.client import ChatMessage
-from pipeline.llm.decision import Decision
 from pipeline.llm.errors import LLMError
 from pipeline.records import TurnClock, TurnRecord
+from pipeline.replies import Reply, Spoken, answered_record, heard_text, unanswered_record
 from pipeline.scheduling import Urgency
 from pipeline.sentences import SentenceSettings, SentenceSplitter
+from pipeline.services import LanguageModel, ReplyStream, SpeechRecognizer, SpeechSynthesizer
 from pipeline.speculation import Discarded, Gate, Speculation, Unanswered
 from pipeline.stt import Transcript
 from pipeline.transport import (
@@ -58,60 +64,6 @@ from pipeline.turns import (
 log = logging.getLogger(__name__)
 
 
-class SpeechRecognizer(Protocol):
-    async def transcribe(
-        self, audio: npt.NDArray[np.int16], urgent: bool | Urgency = True
-    ) -> Transcript: ...
-
-
-class SpeechSynthesizer(Protocol):
-    @property
-    def sample_rate(self) -> int: ...
-
-    async def synthesize(self, text: str, urgent: bool = False) -> npt.NDArray[np.int16]: ...
-
-
-class ReplyStream(Protocol):
-    """One turn's reply (`pipeline.llm.routing.RoutedReply`): text deltas, and what they came
-    from."""
-
-    filler: str | None  # a short phrase to say at once: the reply will be late
-
-    @property
-    def service_tier_requested(self) -> str | None: ...
-    @property
-    def effort(self) -> str | None: ...
-    @property
-    def first_token_at(self) -> float | None: ...
-    @property
-    def requested_at(self) -> float: ...
-    @property
-    def service_tier_served(self) -> str | None: ...
-    @property
-    def reasoning_tokens(self) -> int | None: ...
-    @property
-    def output_tokens(self) -> int | None: ...
-
-    def __aiter__(self) -> AsyncIterator[str]: ...
-
-    async def aclose(self) -> None: ...
-
-    def finish(self, timings_ms: Mapping[str, float]) -> Decision | None:
-        """The turn is over: learn from its timings; the decision for the turn record."""
-        ...
-
-
-class LanguageModel(Protocol):
-    """The call's LLM (`pipeline.llm.routing.CallRouter`): plans and streams each turn's reply."""
-
-    experiment: str | None
-    arm: str | None
-
-    def reply(self, history: Sequence[ChatMessage], zero: float) -> ReplyStream:
-        """Plan the reply to `history` now; `zero` is the monotonic end of caller speech."""
-        ...
-
-
 class ConversationSettings(BaseModel):
     """How a call behaves, apart from its models."""
 
@@ -130,49 +82,6 @@ class ConversationSettings(BaseModel):
     # Start the reply at the caller's pause (LLM request, first chunk synthesised), and speak
     # it the moment the turn ends there (pipeline/speculation.py). Off: reply at the endpoint.
     speculate: bool = True
-
-
-@dataclass
-class _Spoken:
-    """A sentence queued for playback at outbound positions [start, end)."""
-
-    text: str
-    start: int
-    end: int
-
-
-@dataclass
-class _Reply:
-    """What one response did: the turn it answers, what it queued and generated."""
-
-    turn: int
-    said: str
-    spoken: list[_Spoken]
-    generated: str
-    finished: bool  # played to its end
-    gate: Gate | None  # held at a pause's gate (speculative), or None
-
-
-def heard_text(spoken: Sequence[_Spoken], played: int) -> str:
-    """The part of the spoken sentences the caller heard, given the played position.
-
-    Sentences played in full are kept whole; the sentence playing when the caller cut in keeps
-    the share of its words proportional to the share of its audio that was played.
-    """
-    parts: list[str] = []
-    for sentence in spoken:
-        if played >= sentence.end:
-            parts.append(sentence.text)
-        elif played > sentence.start:
-            words = sentence.text.split()
-            share = (played - sentence.start) / (sentence.end - sentence.start)
-            kept = words[: int(len(words) * share)]
-            if kept:
-                parts.append(" ".join(kept) + " —")
-            break
-        else:
-            break
-    return " ".join(parts)
 
 
 class _Early(NamedTuple):
@@ -490,7 +399,7 @@ class Conversation:
             gate.bind(confirm)
         history = [*self.history, ChatMessage(role="user", content=said)]
         stream = self.llm.reply(history, clock.zero)
-        spoken: list[_Spoken] = []
+        spoken: list[Spoken] = []
         generated: list[str] = []
         finished = False
         watchers: list[asyncio.Task[None]] = []
@@ -530,7 +439,7 @@ class Conversation:
             finally:
                 # Also when the caller hung up: this task is being cancelled, and the record
                 # is written before the cancellation goes on.
-                reply = _Reply(turn, said, spoken, "".join(generated), finished, gate)
+                reply = Reply(turn, said, spoken, "".join(generated), finished, gate)
                 self._finish_turn(reply, clock, stt_ms, stream)
 
     def _confirm_turn(self, turn: int, said: str) -> None:
@@ -539,7 +448,7 @@ class Conversation:
         self._emit({"type": "transcript", "role": "caller", "turn": turn, "text": said})
 
     async def _speak(
-        self, sentence: str, spoken: list[_Spoken], clock: TurnClock, gate: Gate | None = None
+        self, sentence: str, spoken: list[Spoken], clock: TurnClock, gate: Gate | None = None
     ) -> list[asyncio.Task[None]]:
         """Synthesize one sentence and queue it (once `gate`, if any, is open); returns the
         first-audio watcher if it made one."""
@@ -560,7 +469,7 @@ class Conversation:
             await gate.passed()
         start = self.transport.queued_samples
         end = self.transport.play(pcm)
-        spoken.append(_Spoken(sentence, start, end))
+        spoken.append(Spoken(sentence, start, end))
         if len(spoken) == 1:
             return [asyncio.create_task(self._watch_first_audio(start, clock))]
         return []
@@ -571,40 +480,15 @@ class Conversation:
             clock.mark("first_audio", await self.transport.wait_sent(start + 1))
 
     def _finish_turn(
-        self, reply: _Reply, clock: TurnClock, stt_ms: float | None, stream: ReplyStream
+        self, reply: Reply, clock: TurnClock, stt_ms: float | None, stream: ReplyStream
     ) -> None:
         decision = stream.finish(clock.ms())  # the controller learns from it either way
         if reply.gate is not None and not reply.gate.opened:
             self._count_discarded()  # a speculation the caller spoke over: no turn
             return
-        turn, said, finished = reply.turn, reply.said, reply.finished
         heard = heard_text(reply.spoken, self.transport.played_samples)
-        ttft = None
-        if stream.first_token_at is not None:
-            ttft = round((stream.first_token_at - stream.requested_at) * 1e3, 1)
-        record = TurnRecord(
-            turn=turn,
-            caller_text=said,
-            reply_text=heard,
-            generated_text=reply.generated,
-            interrupted=not finished,
-            effort=stream.effort,
-            service_tier_requested=stream.service_tier_requested,
-            service_tier_served=stream.service_tier_served,
-            reason=decision.reason if decision else "",
-            timings_ms=clock.ms(),
-            stt_inference_ms=stt_ms,
-            llm_ttft_ms=ttft,
-            reasoning_tokens=stream.reasoning_tokens,
-            output_tokens=stream.output_tokens,
-            started_at=time.time() - (time.monotonic() - clock.zero),
-            experiment=self.llm.experiment,
-            arm=self.llm.arm,
-            budget_ms=decision.budget_ms if decision else None,
-            decision=decision,
-            speculative=reply.gate is not None,
-            speculations_discarded=self._discarded_in_turn,
-        )
+        record = answered_record(reply, heard, clock, stt_ms, stream, decision, self.llm)
+        record.speculations_discarded = self._discarded_in_turn  # thrown away before this reply
         self._discarded_in_turn = 0
         if record.interrupted and not heard and not self._ended:
             # Nothing reached the caller: answer these words together with what comes next.
@@ -658,24 +542,7 @@ class Conversation:
         clock, said, turn = unheard.clock, transcript.text.strip(), len(self.records) + 1
         clock.mark("stt")
         self._emit({"type": "transcript", "role": "caller", "turn": turn, "text": said})
-        self._keep(
-            TurnRecord(
-                turn=turn,
-                caller_text=said,
-                reply_text="",
-                generated_text="",
-                interrupted=True,
-                effort=None,
-                service_tier_requested=None,
-                service_tier_served=None,
-                reason="the caller hung up before the reply",
-                timings_ms=clock.ms(),
-                stt_inference_ms=round(transcript.inference_s * 1e3, 1),
-                started_at=time.time() - (time.monotonic() - clock.zero),
-                experiment=self.llm.experiment,
-                arm=self.llm.arm,
-            )
-        )
+        self._keep(unanswered_record(turn, said, clock, transcript, self.llm))
 
     async def _last_transcript(self, unheard: Unanswered) -> Transcript | None:
         """The transcript of the speech the call ended on: the transcription under way if there
@@ -695,7 +562,7 @@ class Conversation:
 
     async def _announce(self, text: str) -> None:
         """Speak a fixed text (greeting, operator message); history keeps what was heard."""
-        spoken: list[_Spoken] = []
+        spoken: list[Spoken] = []
         watchers: list[asyncio.Task[None]] = []
         clock = TurnClock(time.monotonic())
         splitter = SentenceSplitter(self.sentence_settings)

@@ -15,11 +15,12 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.conversation import Conversation, ConversationSettings, heard_text
+from pipeline.conversation import Conversation, ConversationSettings
 from pipeline.llm.client import ChatMessage
 from pipeline.llm.decision import Decision
 from pipeline.llm.errors import LLMError
 from pipeline.records import TurnRecord
+from pipeline.replies import heard_text
 from pipeline.scheduling import Urgency
 from pipeline.stt import Transcript
 from pipeline.transport import (
@@ -371,9 +372,9 @@ async def test_words_cut_off_before_any_audio_are_answered_with_the_next_turn() 
 
 
 def test_heard_text_cuts_the_sentence_playing_at_the_played_share() -> None:
-    from pipeline.conversation import _Spoken
+    from pipeline.replies import Spoken
 
-    spoken = [_Spoken("One two three.", 0, 300), _Spoken("Four five six seven.", 300, 700)]
+    spoken = [Spoken("One two three.", 0, 300), Spoken("Four five six seven.", 300, 700)]
     assert heard_text(spoken, 0) == ""
     assert heard_text(spoken, 300) == "One two three."
     assert heard_text(spoken, 500) == "One two three. Four five —"

@@ -13,10 +13,11 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.conversation import Conversation, SpeechRecognizer, SpeechSynthesizer
+from pipeline.conversation import Conversation
 from pipeline.llm.client import ChatMessage
 from pipeline.llm.routing import Policy, TierRouter
 from pipeline.records import TurnRecord
+from pipeline.services import SpeechRecognizer, SpeechSynthesizer
 from pipeline.transport import Transport
 from voice.cluster.records import RegisteredCall
 from voice.cluster.registry import CallRegistry
