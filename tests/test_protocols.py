@@ -480,6 +480,20 @@ def test_json_streams_share_their_order_of_events(provider: str) -> None:
             protocol.parse(late)
 
 
+@pytest.mark.parametrize(
+    ("provider", "call_id_field"), [("twilio", "callSid"), ("telnyx", "call_control_id")]
+)
+def test_a_refused_start_leaves_room_for_a_correct_one(provider: str, call_id_field: str) -> None:
+    protocol = {"twilio": TwilioProtocol, "telnyx": TelnyxProtocol}[provider]()
+    start = JSON_STREAMS[provider][1]
+    broken = json.loads(json.dumps(start))
+    del broken["start"][call_id_field]
+    with pytest.raises(ProtocolError, match=call_id_field):
+        protocol.parse(json.dumps(broken))
+    [event] = protocol.parse(json.dumps(start))
+    assert isinstance(event, Start) and event.call_id == start["start"][call_id_field]
+
+
 @pytest.mark.parametrize("provider", JSON_STREAMS)
 def test_json_streams_hear_only_the_inbound_track(provider: str) -> None:
     started, _, media, _ = JSON_STREAMS[provider]

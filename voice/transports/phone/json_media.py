@@ -101,11 +101,15 @@ class JsonMediaProtocol(ABC):
             raise ProtocolError(f"unsupported media format {encoding!r} at {rate!r} Hz")
         parameters = self._parameters(start)
         caller, callee = self._parties(start, parameters)
-        self.stream_id = self._stream_id(data, start)
+        call_id = text_field(start, self.call_id_field)
+        stream_id = self._stream_id(data, start)
         self._started(data)
+        # Only a start that was read whole starts the stream: one refused (no call id, say)
+        # leaves room for a correct one.
+        self.stream_id = stream_id
         return Start(
-            call_id=text_field(start, self.call_id_field),
-            stream_id=self.stream_id,
+            call_id=call_id,
+            stream_id=stream_id,
             caller=caller,
             callee=callee,
             parameters=parameters,
