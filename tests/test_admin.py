@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import Server, start_server, stop_server
-from tests.speech import concat, piper, silence
+from tests.support.server import Server, start_server, stop_server
+from tests.support.speech import concat, piper, silence
 from voice.devtools.phone_caller import twilio_sid
 from voice.devtools.twilio_call import place_twilio_call
 

@@ -7,7 +7,7 @@ from typing import Literal
 import numpy as np
 import pytest
 
-from tests.conftest import Server
+from tests.support.server import Server
 from voice.devtools.bench import run_bench, twilio_stream_url
 from voice.devtools.bench_report import (
     DELIVERY,

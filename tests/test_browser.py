@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright
 
-from tests.conftest import Server
-from tests.speech import concat, espeak, silence, write_wav
+from tests.support.server import Server
+from tests.support.speech import concat, espeak, silence, write_wav
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pipeline.stt import SpeechToText
-from tests.conftest import BARGE_IN_BOUND_MS, Server
-from tests.speech import concat, piper, silence
+from tests.support.server import BARGE_IN_BOUND_MS, Server
+from tests.support.speech import concat, piper, silence
 from voice.devtools.twilio_call import place_twilio_call
 
 pytestmark = pytest.mark.slow

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pipeline.stt import SpeechToText
-from tests.conftest import BARGE_IN_BOUND_MS, Server
-from tests.speech import concat, espeak, silence
+from tests.support.server import BARGE_IN_BOUND_MS, Server
+from tests.support.speech import concat, espeak, silence
 from voice.devtools.webrtc_caller import place_call
 
 pytestmark = pytest.mark.slow

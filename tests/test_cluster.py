@@ -31,9 +31,9 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.conftest import Server, start_server
-from tests.redis_server import RedisServer
-from tests.speech import concat, piper, silence
+from tests.support.redis_server import RedisServer
+from tests.support.server import Server, start_server
+from tests.support.speech import concat, piper, silence
 from voice.devtools.phone_caller import DEFAULT_CALLEE, DEFAULT_CALLER, TwilioPhone, twilio_sid
 from voice.devtools.turns import first_audible_after, silent_for_after, voiced_span
 from voice.transports.phone.twilio import (

@@ -18,8 +18,7 @@ from pipeline.records import TurnRecord
 from pipeline.scheduling import Urgency
 from pipeline.stt import Transcript
 from pipeline.transport import PCM, SAMPLE_RATE, AudioIn, HangUp, InboundEvent, PlaybackCleared
-from tests.speech import frames
-from tests.test_conversation import (
+from tests.support.conversation import (
     PhoneLine,
     ScriptedLLM,
     ScriptedSTT,
@@ -27,6 +26,7 @@ from tests.test_conversation import (
     speak,
     utterance,
 )
+from tests.support.speech import frames
 
 
 class UnconfirmedLine(PhoneLine):

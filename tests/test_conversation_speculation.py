@@ -13,8 +13,8 @@ from pipeline.conversation import Conversation, ConversationSettings
 from pipeline.records import TurnRecord
 from pipeline.transport import PCM, HangUp, InboundEvent
 from pipeline.turns import TurnSettings
-from tests.speech import concat, espeak, silence
-from tests.test_conversation import PhoneLine, ScriptedLLM, ScriptedSTT, ToneTTS, speak
+from tests.support.conversation import PhoneLine, ScriptedLLM, ScriptedSTT, ToneTTS, speak
+from tests.support.speech import concat, espeak, silence
 
 # Longer than the server's 500 ms, so that the scripted STT, LLM and TTS (170 ms in all) are
 # done well before the endpoint even on a loaded runner: the point is the order, not the speed.

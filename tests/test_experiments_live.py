@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from pipeline.stt import SpeechToText
-from tests.conftest import Server, start_server, stop_server
-from tests.redis_server import RedisServer
-from tests.speech import concat, espeak, silence
+from tests.support.redis_server import RedisServer
+from tests.support.server import Server, start_server, stop_server
+from tests.support.speech import concat, espeak, silence
 from voice.devtools.webrtc_caller import place_call
 from voice.experiments.arms import Experiment
 from voice.llm_sim.simulator import SimulatorSettings

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.conftest import Server, start_server, stop_server
+from tests.support.server import Server, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 

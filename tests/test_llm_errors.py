@@ -20,7 +20,7 @@ from starlette.routing import Route
 from pipeline.llm.client import LLMClient
 from pipeline.llm.errors import LLMError, retry_after_s
 from pipeline.llm.settings import LLMSettings
-from tests.test_routing import (
+from tests.support.routing import (
     FAST,
     HEARD,
     HISTORY,

@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request, Response
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from tests.speech import concat, silence
+from tests.support.speech import concat, silence
 from voice.audio import rms
 from voice.devtools.twilio_call import place_twilio_call
 from voice.transports.phone.twilio import (

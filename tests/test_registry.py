@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pipeline.records import TurnRecord
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 from voice.cluster.records import NoAck, RegisteredCall, RegistrySettings, UnknownCall, WorkerInfo
 from voice.cluster.registry import CallRegistry
 from voice.cluster.store import connect

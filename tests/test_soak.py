@@ -6,8 +6,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.conftest import start_server, stop_server
-from tests.speech import concat, piper, silence
+from tests.support.server import start_server, stop_server
+from tests.support.speech import concat, piper, silence
 from voice.devtools.soak import mb_per_call, run_soak, stream_url
 from voice.devtools.twilio_call import place_twilio_call
 

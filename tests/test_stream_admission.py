@@ -19,8 +19,8 @@ from av.frame import Frame
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.conftest import Server, logged, start_server, stop_server
-from tests.test_call_providers import TelnyxWire, VonageWire, Wire
+from tests.support.providers import TelnyxWire, VonageWire, Wire
+from tests.support.server import Server, logged, start_server, stop_server
 from voice.devtools.webrtc_caller import CallerMicrophone
 
 pytestmark = pytest.mark.slow

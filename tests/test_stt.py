@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.stt import SpeechToText, STTSettings, resolve_model_dir
-from tests.speech import RATE, concat, espeak, silence
+from tests.support.speech import RATE, concat, espeak, silence
 
 BOOKING = "I would like to book a table, for two people, at seven"
 

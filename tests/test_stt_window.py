@@ -23,7 +23,7 @@ from pipeline.stt_window import (
     repeated_run,
     window_for,
 )
-from tests.speech import RATE, concat, espeak, noise, silence
+from tests.support.speech import RATE, concat, espeak, noise, silence
 from voice.audio import resample
 from voice.devtools.wer import word_errors
 

@@ -17,7 +17,7 @@ from pipeline.turns import (
     TurnSegment,
     TurnSettings,
 )
-from tests.speech import RATE, concat, espeak, noise, silence
+from tests.support.speech import RATE, concat, espeak, noise, silence
 
 T0 = 1000.0  # arbitrary monotonic origin: nothing may assume the clock starts at zero
 BOOKING = "I would like to book a table, for two people, at seven"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import websockets
 
-from tests.conftest import Server, logged, start_server, stop_server
+from tests.support.server import Server, logged, start_server, stop_server
 from voice.server.settings import TelephonySettings
 from voice.transports.phone.twilio import twilio_signature
 

@@ -7,7 +7,7 @@ import numpy.typing as npt
 import pytest
 
 from pipeline.stt import SpeechToText
-from tests.speech import RATE, concat, espeak, silence
+from tests.support.speech import RATE, concat, espeak, silence
 from voice.devtools.wer import (
     WordErrors,
     normalize,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from tests.conftest import free_port
+from tests.support.server import free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 

@@ -1,0 +1,210 @@
+"""Scripted stand-ins for the per-call loop's tests: fake STT, LLM and TTS that keep the real
+ones' timing shape (a transcription delay, a time to first token and a token rate, synthesis
+that returns audio proportional to the words), a phone line that plays queued audio in real
+time, and the caller's real speech as 20 ms frames."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.llm.client import ChatMessage
+from pipeline.llm.decision import Decision
+from pipeline.llm.errors import LLMError
+from pipeline.scheduling import Urgency
+from pipeline.stt import Transcript
+from pipeline.transport import (
+    PCM,
+    SAMPLE_RATE,
+    AudioIn,
+    InboundEvent,
+    PlaybackCleared,
+)
+from tests.support.speech import concat, espeak, frames, silence
+
+
+class ScriptedSTT:
+    def __init__(self, texts: Sequence[str], delay_s: float = 0.05) -> None:
+        self.texts = list(texts)
+        self.delay_s = delay_s
+        self.heard_seconds: list[float] = []
+        self.called_at: list[float] = []
+
+    async def transcribe(self, audio: PCM, urgent: bool | Urgency = True) -> Transcript:
+        self.called_at.append(time.monotonic())
+        await asyncio.sleep(self.delay_s)
+        self.heard_seconds.append(len(audio) / SAMPLE_RATE)
+        return Transcript(self.texts.pop(0), len(audio) / SAMPLE_RATE, self.delay_s)
+
+
+class ScriptedReply:
+    """A streamed reply: first token after `ttft_s`, then `tokens_per_s` word tokens."""
+
+    def __init__(self, text: str, ttft_s: float, tokens_per_s: float) -> None:
+        self.text = text
+        self.ttft_s = ttft_s
+        self.tokens_per_s = tokens_per_s
+        self.requested_at = time.monotonic()
+        self.first_token_at: float | None = None
+        self.service_tier_requested: str | None = "priority"
+        self.effort: str | None = "low"
+        self.service_tier_served: str | None = "default"  # the provider served another
+        self.reasoning_tokens: int | None = 0
+        self.output_tokens: int | None = None
+        self.filler: str | None = None
+        self.failure: LLMError | None = None
+        self.closed = False
+        self.finished_with: dict[str, float] | None = None
+
+    async def _tokens(self) -> AsyncIterator[str]:
+        tokens = [" " + word for word in self.text.split()]
+        start = self.requested_at + self.ttft_s
+        if self.failure is not None:
+            await asyncio.sleep(max(0.0, start - time.monotonic()))
+            raise self.failure
+        for index, token in enumerate(tokens):
+            await asyncio.sleep(max(0.0, start + index / self.tokens_per_s - time.monotonic()))
+            if self.first_token_at is None:
+                self.first_token_at = time.monotonic()
+            yield token
+        self.output_tokens = len(tokens)
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._tokens()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    def finish(self, timings_ms: Mapping[str, float]) -> Decision | None:
+        self.finished_with = dict(timings_ms)
+        return Decision(
+            tier="fast",
+            effort=self.effort,
+            planned_tier="fast",
+            planned_effort="low",
+            taken="planned",
+            reason="scripted",
+            budget_ms=1000.0,
+            fits=True,
+            filler=None,
+            first_token_deadline_ms=300.0,
+            predicted_first_audio_ms=600.0,
+            actual_first_audio_ms=timings_ms.get("first_audio"),
+            error_ms=None,
+        )
+
+
+class ScriptedLLM:
+    def __init__(
+        self, replies: Sequence[str], ttft_s: Sequence[float] = (), tokens_per_s: float = 200
+    ) -> None:
+        self.replies = list(replies)
+        self.ttft_s = list(ttft_s)
+        self.tokens_per_s = tokens_per_s
+        self.requests: list[list[ChatMessage]] = []
+        self.streams: list[ScriptedReply] = []
+        self.experiment: str | None = None
+        self.arm: str | None = None
+
+    def reply(self, history: Sequence[ChatMessage], zero: float) -> ScriptedReply:
+        self.requests.append(list(history))
+        ttft = self.ttft_s.pop(0) if self.ttft_s else 0.1
+        reply = ScriptedReply(self.replies.pop(0), ttft, self.tokens_per_s)
+        self.streams.append(reply)
+        return reply
+
+
+class ToneTTS:
+    """250 ms of tone per word at 22 050 Hz, ready after 20 ms."""
+
+    sample_rate = 22_050
+
+    async def synthesize(self, text: str, urgent: bool = False) -> PCM:
+        await asyncio.sleep(0.02)
+        n = int(0.25 * self.sample_rate) * len(text.split())
+        t = np.arange(n) / self.sample_rate
+        return (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16)
+
+
+class PhoneLine:
+    """A transport that plays queued audio in real time and feeds a scripted caller."""
+
+    def __init__(self) -> None:
+        self.script: Callable[[PhoneLine], AsyncIterator[InboundEvent]] | None = None
+        self.events: list[dict[str, object]] = []
+        self.clears = 0
+        self._queued = 0
+        self._start_pos = 0
+        self._start_time = time.monotonic()
+        self._cleared = asyncio.Event()
+
+    def inbound(self) -> AsyncIterator[InboundEvent]:
+        assert self.script is not None
+        return self.script(self)
+
+    @property
+    def played_samples(self) -> int:
+        elapsed = int((time.monotonic() - self._start_time) * SAMPLE_RATE)
+        return min(self._queued, self._start_pos + elapsed)
+
+    @property
+    def queued_samples(self) -> int:
+        return self._queued
+
+    def play(self, pcm: PCM) -> int:
+        if self.played_samples >= self._queued:  # idle line: playback starts now
+            self._start_pos, self._start_time = self._queued, time.monotonic()
+        self._queued += len(pcm)
+        return self._queued
+
+    async def clear(self) -> None:
+        self.clears += 1
+        position = self.played_samples
+        self._queued = self._start_pos = position
+        self._start_time = time.monotonic()
+        self._cleared.set()
+        self._cleared = asyncio.Event()
+
+    async def wait_played(self, position: int) -> float:
+        if position > self._queued:
+            raise PlaybackCleared
+        due = self._start_time + (position - self._start_pos) / SAMPLE_RATE
+        cleared = self._cleared
+        try:
+            await asyncio.wait_for(cleared.wait(), max(0.0, due - time.monotonic()))
+        except TimeoutError:
+            return due
+        raise PlaybackCleared
+
+    async def wait_sent(self, position: int) -> float:
+        return await self.wait_played(position)  # a line plays what it is sent at once
+
+    def hang_up(self, reason: str) -> None:
+        raise AssertionError("the conversation never hangs up by itself")
+
+    def send_event(self, event: dict[str, object]) -> None:
+        self.events.append(event)
+
+    async def close(self) -> None:
+        pass
+
+    async def reached(self, position: int) -> None:
+        """Wait until the caller has heard `position` samples of reply."""
+        while self.played_samples < position:
+            await self.wait_played(position)
+
+
+async def speak(pcm: PCM) -> AsyncIterator[InboundEvent]:
+    """The caller's microphone: 20 ms frames, in real time."""
+    start = time.monotonic()
+    for index, frame in enumerate(frames(pcm)):
+        due = start + (index + 1) * 0.02
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        yield AudioIn(frame, due)
+
+
+def utterance(text: str) -> PCM:
+    return concat(silence(200), espeak(text), silence(700))
