@@ -344,7 +344,10 @@ async def test_bad_input_is_logged_and_the_route_keeps_serving(
         await poll_call(server, wire.call_id, "one turn", lambda d: len(d["records"]) == 1)
         await phone.send(wire.oversized)
         await asyncio.wait_for(phone.closed.wait(), 10)
-        assert socket.close_code == 1009
+        # 1009, unless the connection was reset first: uvicorn sends its close frame and shuts
+        # the socket at once, with the rest of the oversized frame unread, and on a loaded
+        # runner the reset can overtake the close frame (seen once in CI: 1006).
+        assert socket.close_code in (1009, 1006)
     detail = await poll_call(server, wire.call_id, "ended", lambda d: d["state"] == "ended")
     assert detail["transport"] == provider
     assert len(detail["records"]) == 1 and detail["records"][0]["reply_text"]
