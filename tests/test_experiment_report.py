@@ -15,11 +15,11 @@ from voice.experiments.report import (
     CSV_COLUMNS,
     _weighted_percentile,
     build_report,
-    load_jsonl,
     plot_report,
     render_report,
     write_csv,
 )
+from voice.experiments.turn_records import load_jsonl
 
 EXP = "latency-1"
 

@@ -149,7 +149,7 @@ def report(
 
     Differences between arms come with bootstrap confidence intervals (resampling calls).
     """
-    from voice.experiments.report import load_jsonl
+    from voice.experiments.turn_records import load_jsonl
 
     records: list[dict[str, Any]]
     if jsonl is not None:

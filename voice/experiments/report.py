@@ -1,8 +1,9 @@
 """Per-arm reports for latency experiments, from the turn records of finished calls.
 
-- `load_jsonl(path)` reads exported turn records; `build_report(records, name)` summarises each
-  arm (voice-to-voice p50/p95, share within the arm's budget, effort/tier mix, fallbacks, hedges,
-  barge-in rate, prediction error) and compares every arm with a reference arm.
+- `voice.experiments.turn_records` reads exported turn records (`load_jsonl`) and each one;
+  `build_report(records, name)` summarises each arm (voice-to-voice p50/p95, share within the
+  arm's budget, effort/tier mix, fallbacks, hedges, barge-in rate, prediction error) and
+  compares every arm with a reference arm.
 - `render_report`, `write_csv` and `plot_report` turn that into text, a per-turn CSV and a PNG.
 
 Voice-to-voice latency of a turn is `timings_ms["first_audio"]`; a turn without it counts as
@@ -17,14 +18,12 @@ correlated turns as independent and give intervals that are too narrow. Resample
 as integer call weights, so percentiles of a resample are weighted percentiles that match
 `numpy.percentile` (linear) of the expanded sample exactly.
 
-(Over 400 lines: the statistics and the three outputs read records through the same private
-accessors, `_arm_of`, `_first_audio`, `_decided`, `_tier`, `_budget`; apart, they would be API.)
+A record is read through `voice.experiments.turn_records`.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,33 +33,24 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-EFFORT_ORDER: tuple[str, ...] = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+from voice.experiments.turn_records import (
+    arm_of,
+    budget_of,
+    decided,
+    effort_key,
+    first_audio,
+    tier_of,
+    within,
+)
+
 METRICS: tuple[str, ...] = ("p50_ms", "p95_ms", "within_budget", "barge_in_rate")
 CSV_COLUMNS: tuple[str, ...] = (
     "call_id", "arm", "turn", "budget_ms", "first_audio_ms", "within_budget", "effort", "tier",
     "taken", "planned_effort", "planned_tier", "fits", "predicted_first_audio_ms", "interrupted",
     "endpoint_ms", "stt_ms", "llm_first_token_ms", "first_sentence_ms", "tts_first_chunk_ms",
 )  # fmt: skip
-NO_ARM = "(none)"
 
 Floats = npt.NDArray[np.float64]
-
-
-def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """One JSON object per non-empty line; a bad line raises ValueError naming its number."""
-    records: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {number}: invalid JSON ({e.msg})") from e
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}: line {number}: expected a JSON object")
-            records.append(obj)
-    return records
 
 
 @dataclass(frozen=True)
@@ -99,49 +89,6 @@ class ExperimentReport:
     resamples: int
 
 
-# -- reading one record ----------------------------------------------------------------------
-
-
-def _arm_of(rec: Mapping[str, Any]) -> str:
-    arm = rec.get("arm")
-    return NO_ARM if arm is None else str(arm)
-
-
-def _first_audio(rec: Mapping[str, Any]) -> float | None:
-    value = (rec.get("timings_ms") or {}).get("first_audio")
-    return None if value is None else float(value)
-
-
-def _decided(rec: Mapping[str, Any], key: str) -> Any:
-    """`decision[key]` when present, else the top-level field."""
-    decision = rec.get("decision") or {}
-    value = decision.get(key)
-    return rec.get(key) if value is None else value
-
-
-def _tier(rec: Mapping[str, Any]) -> Any:
-    """The tier that spoke, by its name in our settings (`decision["tier"]`). The record's own
-    `service_tier_requested` and `service_tier_served` are the provider's service tiers."""
-    return (rec.get("decision") or {}).get("tier")
-
-
-def _effort_key(effort: str) -> tuple[int, str]:
-    return (
-        (EFFORT_ORDER.index(effort), "") if effort in EFFORT_ORDER else (len(EFFORT_ORDER), effort)
-    )
-
-
-def _budget(rec: Mapping[str, Any], default: float | None = None) -> float | None:
-    budget = rec.get("budget_ms")
-    return default if budget is None else float(budget)
-
-
-def _within(first_audio: float | None, budget: float | None) -> bool | None:
-    if budget is None:
-        return None
-    return first_audio is not None and first_audio <= budget
-
-
 # -- per-arm data and metrics ----------------------------------------------------------------
 
 
@@ -157,9 +104,9 @@ class _Arm:
 
 
 def _arm_data(records: list[Mapping[str, Any]]) -> _Arm:
-    budgets = Counter(b for r in records if (b := _budget(r)) is not None)
+    budgets = Counter(b for r in records if (b := budget_of(r)) is not None)
     budget = budgets.most_common(1)[0][0] if budgets else None
-    fa = [_first_audio(r) for r in records]
+    fa = [first_audio(r) for r in records]
     call_ids: dict[str, int] = {}
     call = [call_ids.setdefault(str(r.get("call_id")), len(call_ids)) for r in records]
     return _Arm(
@@ -167,7 +114,7 @@ def _arm_data(records: list[Mapping[str, Any]]) -> _Arm:
         budget=budget,
         first_audio=np.array([np.nan if v is None else v for v in fa], dtype=np.float64),
         within=np.array(
-            [bool(_within(v, _budget(r, budget))) for v, r in zip(fa, records, strict=True)],
+            [bool(within(v, budget_of(r, budget))) for v, r in zip(fa, records, strict=True)],
             dtype=np.float64,
         ),
         interrupted=np.array([bool(r.get("interrupted")) for r in records], dtype=np.float64),
@@ -217,8 +164,8 @@ def _bootstrap(arm: _Arm, rng: np.random.Generator, resamples: int) -> dict[str,
 
 def _summary(name: str, arm: _Arm) -> ArmSummary:
     fa = arm.first_audio[~np.isnan(arm.first_audio)]
-    efforts = Counter(str(e) for r in arm.records if (e := _decided(r, "effort")) is not None)
-    tiers = Counter(str(t) for r in arm.records if (t := _tier(r)) is not None)
+    efforts = Counter(str(e) for r in arm.records if (e := decided(r, "effort")) is not None)
+    tiers = Counter(str(t) for r in arm.records if (t := tier_of(r)) is not None)
     taken = Counter((r.get("decision") or {}).get("taken") for r in arm.records)
     errors = [
         abs(float(e))
@@ -233,7 +180,7 @@ def _summary(name: str, arm: _Arm) -> ArmSummary:
         p50_ms=float(np.percentile(fa, 50)) if fa.size else None,
         p95_ms=float(np.percentile(fa, 95)) if fa.size else None,
         within_budget=None if arm.budget is None else float(arm.within.mean()),
-        efforts={k: efforts[k] for k in sorted(efforts, key=_effort_key)},
+        efforts={k: efforts[k] for k in sorted(efforts, key=effort_key)},
         tiers={k: tiers[k] for k in sorted(tiers)},
         fallbacks=taken["fallback"],
         hedges=taken["hedge"],
@@ -260,7 +207,7 @@ def build_report(
     by_arm: dict[str, list[Mapping[str, Any]]] = {}
     for rec in records:
         if rec.get("experiment") == experiment:
-            by_arm.setdefault(_arm_of(rec), []).append(rec)
+            by_arm.setdefault(arm_of(rec), []).append(rec)
     if not by_arm:
         raise ValueError(f"no turn records for experiment {experiment}")
     names = list(arms) if arms is not None else list(by_arm)
@@ -364,12 +311,12 @@ def write_csv(records: Sequence[Mapping[str, Any]], experiment: str, path: str |
                 continue
             decision = rec.get("decision") or {}
             timings = rec.get("timings_ms") or {}
-            fa, budget = _first_audio(rec), _budget(rec)
+            fa, budget = first_audio(rec), budget_of(rec)
             row: dict[str, Any] = {
-                "call_id": rec.get("call_id"), "arm": _arm_of(rec), "turn": rec.get("turn"),
+                "call_id": rec.get("call_id"), "arm": arm_of(rec), "turn": rec.get("turn"),
                 "budget_ms": budget, "first_audio_ms": fa,
-                "within_budget": _within(fa, budget),
-                "effort": _decided(rec, "effort"), "tier": _tier(rec),
+                "within_budget": within(fa, budget),
+                "effort": decided(rec, "effort"), "tier": tier_of(rec),
                 "interrupted": bool(rec.get("interrupted")),
             }  # fmt: skip
             for key in ("taken", "planned_effort", "planned_tier", "fits"):
@@ -400,8 +347,8 @@ def plot_report(
         colour = tab10(i % 10)
         fa = [
             v for r in records
-            if r.get("experiment") == report.experiment and _arm_of(r) == s.arm
-            and (v := _first_audio(r)) is not None
+            if r.get("experiment") == report.experiment and arm_of(r) == s.arm
+            and (v := first_audio(r)) is not None
         ]  # fmt: skip
         if fa:
             xs = np.sort(np.array(fa, dtype=np.float64))
@@ -420,7 +367,7 @@ def plot_report(
     cdf_ax.grid(alpha=0.3)
     cdf_ax.legend(loc="lower right", fontsize="small")
 
-    efforts = sorted({e for s in report.arms for e in s.efforts}, key=_effort_key)
+    efforts = sorted({e for s in report.arms for e in s.efforts}, key=effort_key)
     shades = matplotlib.colormaps["viridis"](np.linspace(0.1, 0.9, max(1, len(efforts))))
     rows = np.arange(len(report.arms))
     left = np.zeros(len(report.arms))
