@@ -32,7 +32,7 @@ def test_chunks_join_as_if_resampled_in_one_piece() -> None:
     pieces = [stream(pcm[i : i + 160]) for i in range(0, len(pcm), 160)]
     chunked = np.concatenate([*pieces, stream(np.zeros(0, dtype=np.int16), last=True)])
     assert len(chunked) == len(whole) == 8_000
-    assert np.max(np.abs(chunked.astype(np.int32) - whole)) <= 1
+    assert np.max(np.abs(chunked.astype(np.int32) - whole)) <= 2  # rounding; a seam is hundreds
 
 
 def test_the_same_rate_passes_through() -> None:

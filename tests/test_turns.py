@@ -352,3 +352,27 @@ def test_hastening_a_pause_the_caller_spoke_after_changes_nothing() -> None:
     ended_after, turn = segments[0]
     assert isinstance(turn, TurnSegment) and turn.end_position > stale.end_position
     assert (ended_after - turn.end_position) / RATE == pytest.approx(0.5, abs=0.04)
+
+
+def test_silero_rests_on_a_quiet_line_and_still_hears_the_caller_start() -> None:
+    """A caller listening in silence costs no Silero run; their first words are still heard,
+    at the same moment as with Silero hearing every window."""
+    pcm = concat(silence(3000), espeak(BOOKING), silence(1200))
+    gated, every = TurnDetector(TurnSettings()), TurnDetector(TurnSettings(quiet_floor=0))
+    gated_events, every_events = run(gated, pcm), run(every, pcm)
+
+    assert kinds(gated_events) == kinds(every_events) == ["SpeechStarted", "TurnSegment"]
+    windows = len(pcm) // 512
+    assert every._vad.runs == windows
+    assert gated._vad.runs < windows - 3000 // 32  # the lead-in silence never reached Silero
+    for (_, g), (_, e) in zip(gated_events, every_events, strict=True):
+        if isinstance(g, SpeechStarted) and isinstance(e, SpeechStarted):
+            assert g.at == e.at
+
+
+def test_a_noisy_line_is_always_heard_by_silero() -> None:
+    """The quiet floor skips only near-digital silence: line noise above it goes to Silero."""
+    pcm = noise(2000, level=0.003)  # -50 dBFS RMS
+    detector = TurnDetector(TurnSettings())
+    assert kinds(run(detector, pcm)) == []
+    assert detector._vad.runs == len(pcm) // 512
