@@ -4,6 +4,7 @@
 transport.inbound() -> TurnDetector -> SpeechStarted: barge-in (clear, cancel, await)
                                     -> TurnSegment: response task
 response task: STT -> LLM stream -> sentences -> TTS -> transport.play()
+                        | tool calls: run them (pipeline.tool_turns), then the next request
 ```
 
 The history keeps only what the caller heard: every sentence is queued at a known outbound
@@ -13,9 +14,11 @@ up before hearing its reply (then with nothing heard).
 
 What the conversation needs of its STT, TTS and LLM is in `pipeline.services`; what a reply
 heard and the record it leaves, in `pipeline.replies`; speculation's gate, in
-`pipeline.speculation`. This module stays over 400 lines because it is one state machine whose
-handlers share one call's state (the response task, the early transcript, the speculation, the
-words carried over); split into mixins, each part would read only with the others open.
+`pipeline.speculation`; tool rounds, in `pipeline.tool_turns`. This module stays over 400
+lines because it is one state machine whose handlers share one call's state (the response
+task, the early transcript, the speculation, the words carried over); split into mixins, each
+part would read only with the others open. The keypad (about 50 lines) is the part that could
+leave first.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -37,12 +40,22 @@ from pipeline.endpoint import leaves_hanging, sounds_finished
 from pipeline.llm.client import ChatMessage
 from pipeline.llm.errors import LLMError
 from pipeline.records import TurnClock, TurnRecord
-from pipeline.replies import Reply, Spoken, answered_record, heard_text, unanswered_record
+from pipeline.replies import (
+    Reply,
+    Spoken,
+    answered_record,
+    heard_text,
+    llm_timings,
+    turn_history,
+    unanswered_record,
+)
 from pipeline.scheduling import Urgency
 from pipeline.sentences import SentenceSettings, SentenceSplitter
 from pipeline.services import LanguageModel, ReplyStream, SpeechRecognizer, SpeechSynthesizer
 from pipeline.speculation import Discarded, Gate, Speculation, Unanswered
 from pipeline.stt import Transcript
+from pipeline.tool_turns import ToolRound, ToolRunner, ToolSettings, rounds_ms
+from pipeline.tools import CallAction, EndCall, Toolbox, ToolContext
 from pipeline.transport import (
     SAMPLE_RATE,
     AudioIn,
@@ -111,9 +124,17 @@ class Conversation:
         on_turn: Callable[[TurnRecord], None] | None = None,
         on_key: Callable[[str], bool] | None = None,
         on_event: Callable[[dict[str, object]], None] | None = None,
+        tools: Toolbox | None = None,
+        tool_settings: ToolSettings | None = None,
+        on_action: Callable[[CallAction], Awaitable[None]] | None = None,
+        caller: str | None = None,
+        callee: str | None = None,
     ) -> None:
         """`on_key(digit)` sees each DTMF key first; returning True consumes it (e.g. "0" for a
-        person); other keys are collected into a keypad turn that the LLM answers."""
+        person); other keys are collected into a keypad turn that the LLM answers. `tools` are
+        the ones the LLM may call (`pipeline.tool_turns`); `on_action` carries out what a tool
+        asks of the call (put through, hang up, press keys) once the reply before it has been
+        heard; without it, only hanging up is done (here)."""
         self.call_id = call_id
         self.transport = transport
         self.stt = stt
@@ -128,6 +149,11 @@ class Conversation:
         self._on_turn = on_turn
         self._on_key = on_key
         self._on_event = on_event
+        self.tools = tools
+        self.tool_settings = tool_settings or ToolSettings()
+        self._tool_runner = ToolRunner(tools, self.tool_settings, transport, self._emit)
+        self._on_action = on_action
+        self.caller, self.callee = caller, callee
         self._keypad: list[str] = []
         self._keypad_timer: asyncio.TimerHandle | None = None
         self._response: asyncio.Task[None] | None = None
@@ -206,11 +232,12 @@ class Conversation:
         await self.transport.clear()
         await self._stop_response()
 
-    async def say(self, text: str) -> None:
-        """Speak `text` into the call now, cutting off any reply in progress."""
+    async def say(self, text: str, then: CallAction | None = None) -> None:
+        """Speak `text` into the call now, cutting off any reply in progress; once it has been
+        heard in full, carry out `then` (e.g. put the caller through)."""
         self._discard_speculation("an announcement")
         await self._interrupt()
-        self._response = asyncio.create_task(self._announce(text))
+        self._response = asyncio.create_task(self._announce(text, then))
 
     # -- keypad -----------------------------------------------------------------------------
 
@@ -390,7 +417,9 @@ class Conversation:
     ) -> None:
         """Answer what the caller said (or keyed in): LLM -> sentences -> TTS -> transport.
         With a `gate` (a speculative reply) audio waits there, and the turn is taken (and
-        recorded) only if the gate opens."""
+        recorded) only if the gate opens. A response that asks for tools is followed, in the
+        same turn, by a round of tool calls and another request with their results; no tool
+        runs before the gate has opened."""
         turn = len(self.records) + 1
         confirm = functools.partial(self._confirm_turn, turn, said)
         if gate is None:
@@ -399,6 +428,8 @@ class Conversation:
             gate.bind(confirm)
         history = [*self.history, ChatMessage(role="user", content=said)]
         stream = self.llm.reply(history, clock.zero)
+        streams = [stream]
+        rounds: list[ToolRound] = []
         spoken: list[Spoken] = []
         generated: list[str] = []
         finished = False
@@ -411,17 +442,38 @@ class Conversation:
             if stream.filler:
                 await speak(stream.filler)
             splitter = SentenceSplitter(self.sentence_settings)
-            try:
-                async for delta in stream:
-                    clock.mark("llm_first_token")
-                    generated.append(delta)
-                    for sentence in splitter.push(delta):
+            while True:
+                before = len(generated)
+                try:
+                    async for delta in stream:
+                        clock.mark("llm_first_token")
+                        generated.append(delta)
+                        for sentence in splitter.push(delta):
+                            await speak(sentence)
+                except LLMError as exc:
+                    log.error("call %s: no reply from the LLM: %s", self.call_id, exc)
+                    splitter = SentenceSplitter(self.sentence_settings)
+                    for sentence in splitter.push(self.settings.apology):
                         await speak(sentence)
-            except LLMError as exc:
-                log.error("call %s: no reply from the LLM: %s", self.call_id, exc)
-                splitter = SentenceSplitter(self.sentence_settings)
-                for sentence in splitter.push(self.settings.apology):
+                    break
+                calls = tuple(stream.tool_calls)
+                if not calls or self.tools is None:
+                    break
+                if len(rounds) >= self.tool_settings.max_rounds:
+                    log.warning("call %s: tool rounds capped at %d", self.call_id, len(rounds))
+                    break
+                for sentence in splitter.flush():  # "Let me look that up." before the wait
                     await speak(sentence)
+                if gate is not None:
+                    await gate.passed()  # nothing is done for words the caller may go on from
+                tool_round = ToolRound("".join(generated[before:]), calls, len(spoken))
+                rounds.append(tool_round)
+                await self._tool_runner.run(tool_round, turn, self._tool_context(history), speak)
+                history = [*history, *tool_round.messages(tool_round.text)]
+                # The next request is planned as if the tools had taken no time: their round
+                # trips are not the LLM's to make up for.
+                stream = self.llm.reply(history, clock.zero + rounds_ms(rounds) / 1e3)
+                streams.append(stream)
             for sentence in splitter.flush():
                 await speak(sentence)
             if gate is not None:
@@ -434,13 +486,40 @@ class Conversation:
         finally:
             for watcher in watchers:
                 watcher.cancel()
+            for tool_round in rounds:
+                await tool_round.cancel()
             try:
-                await stream.aclose()
+                for each in streams:
+                    await each.aclose()
             finally:
                 # Also when the caller hung up: this task is being cancelled, and the record
                 # is written before the cancellation goes on.
-                reply = Reply(turn, said, spoken, "".join(generated), finished, gate)
-                self._finish_turn(reply, clock, stt_ms, stream)
+                reply = Reply(turn, said, spoken, "".join(generated), finished, gate, rounds)
+                self._finish_turn(reply, clock, stt_ms, streams)
+        if finished:
+            await self._carry_out(rounds)
+
+    def _tool_context(self, history: Sequence[ChatMessage]) -> ToolContext:
+        transcript = tuple(
+            (m.role, m.content) for m in history if m.role in ("user", "assistant") and m.content
+        )
+        return ToolContext(self.call_id, self.caller, self.callee, transcript)
+
+    async def _carry_out(self, rounds: Sequence[ToolRound]) -> None:
+        """What the turn's tools asked of the call, now that the reply has been heard."""
+        for tool_round in rounds:
+            for action in tool_round.actions():
+                await self._carry_out_action(action)
+
+    async def _carry_out_action(self, action: CallAction) -> None:
+        log.info("call %s: %s", self.call_id, action)
+        self._emit({"type": "action", "action": type(action).__name__})
+        if self._on_action is not None:
+            await self._on_action(action)
+        elif isinstance(action, EndCall):
+            self.transport.hang_up(f"ended by the agent: {action.reason}")
+        else:
+            log.warning("call %s: nothing here can carry out %s", self.call_id, action)
 
     def _confirm_turn(self, turn: int, said: str) -> None:
         """The caller's words are a turn being answered: show them, and carry nothing over."""
@@ -480,17 +559,29 @@ class Conversation:
             clock.mark("first_audio", await self.transport.wait_sent(start + 1))
 
     def _finish_turn(
-        self, reply: Reply, clock: TurnClock, stt_ms: float | None, stream: ReplyStream
+        self,
+        reply: Reply,
+        clock: TurnClock,
+        stt_ms: float | None,
+        streams: Sequence[ReplyStream],
     ) -> None:
-        decision = stream.finish(clock.ms())  # the controller learns from it either way
+        stream = streams[0]
+        # The controller learns from it either way; not from first audio that waited on tools.
+        decision = stream.finish(llm_timings(clock, reply.rounds))
+        for more in streams[1:]:
+            more.finish({})  # a request after tool results: its own time to first token
         if reply.gate is not None and not reply.gate.opened:
             self._count_discarded()  # a speculation the caller spoke over: no turn
             return
-        heard = heard_text(reply.spoken, self.transport.played_samples)
+        if not reply.finished:
+            for tool_round in reply.rounds:
+                tool_round.mark_not_done()
+        played = self.transport.played_samples
+        heard = heard_text(reply.spoken, played)
         record = answered_record(reply, heard, clock, stt_ms, stream, decision, self.llm)
         record.speculations_discarded = self._discarded_in_turn  # thrown away before this reply
         self._discarded_in_turn = 0
-        if record.interrupted and not heard and not self._ended:
+        if record.interrupted and not heard and not self._ended and not reply.rounds:
             # Nothing reached the caller: answer these words together with what comes next.
             # The record waits, in case the caller hangs up before then.
             log.info(
@@ -498,13 +589,17 @@ class Conversation:
             )
             self._carried = record
             return
-        self._keep(record)
+        self._keep(record, turn_history(reply, played))
 
-    def _keep(self, record: TurnRecord) -> None:
-        """A turn is over: the history takes what was said and heard, the call its record."""
-        self.history.append(ChatMessage(role="user", content=record.caller_text))
-        if record.reply_text:
-            self.history.append(ChatMessage(role="assistant", content=record.reply_text))
+    def _keep(self, record: TurnRecord, messages: Sequence[ChatMessage] | None = None) -> None:
+        """A turn is over: the history takes what was said and heard (`messages`, when tools
+        were called: the calls and their results in between), the call its record."""
+        if messages is not None:
+            self.history.extend(messages)
+        else:
+            self.history.append(ChatMessage(role="user", content=record.caller_text))
+            if record.reply_text:
+                self.history.append(ChatMessage(role="assistant", content=record.reply_text))
         self.records.append(record)
         log.info(
             "call %s turn %d%s: %s",
@@ -560,17 +655,19 @@ class Conversation:
             )
             return None
 
-    async def _announce(self, text: str) -> None:
+    async def _announce(self, text: str, then: CallAction | None = None) -> None:
         """Speak a fixed text (greeting, operator message); history keeps what was heard."""
         spoken: list[Spoken] = []
         watchers: list[asyncio.Task[None]] = []
         clock = TurnClock(time.monotonic())
         splitter = SentenceSplitter(self.sentence_settings)
+        heard_all = False
         try:
             for sentence in [*splitter.push(text), *splitter.flush()]:
                 watchers.extend(await self._speak(sentence, spoken, clock))
             if spoken:
                 await self.transport.wait_played(spoken[-1].end)
+            heard_all = True
         except PlaybackCleared:
             pass
         finally:
@@ -579,3 +676,5 @@ class Conversation:
             heard = heard_text(spoken, self.transport.played_samples)
             if heard:
                 self.history.append(ChatMessage(role="assistant", content=heard))
+        if heard_all and then is not None:
+            await self._carry_out_action(then)

@@ -83,6 +83,10 @@ class TurnRecord:
     # Replies begun at earlier pauses of this turn and thrown away (the caller spoke on): LLM
     # requests the operator paid for that nobody heard.
     speculations_discarded: int = 0
+    # Tools the LLM called in this turn, in order: name, arguments, ok, ms, output (cut to 500
+    # characters), the action asked of the call (Transfer, EndCall, SendDigits) if any.
+    tools: list[dict[str, object]] = field(default_factory=list)
+    tools_ms: float | None = None  # time the turn waited on its tools
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

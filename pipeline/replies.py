@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from pipeline.llm.client import ChatMessage
 from pipeline.llm.decision import Decision
 from pipeline.records import TurnClock, TurnRecord
 from pipeline.services import LanguageModel, ReplyStream
 from pipeline.speculation import Gate
 from pipeline.stt import Transcript
+from pipeline.tool_turns import ToolRound, rounds_ms
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Reply:
     generated: str
     finished: bool  # played to its end
     gate: Gate | None  # held at a pause's gate (speculative), or None
+    rounds: list[ToolRound] = field(default_factory=list)  # tool calls, in order
 
 
 def heard_text(spoken: Sequence[Spoken], played: int) -> str:
@@ -95,6 +98,8 @@ def answered_record(
         budget_ms=decision.budget_ms if decision else None,
         decision=decision,
         speculative=reply.gate is not None,
+        tools=[row for tool_round in reply.rounds for row in tool_round.summary()],
+        tools_ms=rounds_ms(reply.rounds) if reply.rounds else None,
     )
 
 
@@ -118,3 +123,30 @@ def unanswered_record(
         experiment=llm.experiment,
         arm=llm.arm,
     )
+
+
+def turn_history(reply: Reply, played: int) -> list[ChatMessage] | None:
+    """A turn with tool calls as the history keeps it: the caller's words, then each round
+    (what the caller heard before its calls, the calls, their results), then what they heard
+    after the last round. None for a turn without tools (the plain user/assistant pair)."""
+    if not reply.rounds:
+        return None
+    messages = [ChatMessage(role="user", content=reply.said)]
+    start = 0
+    for tool_round in reply.rounds:
+        heard = heard_text(reply.spoken[start : tool_round.spoken_before], played)
+        messages.extend(tool_round.messages(heard))
+        start = tool_round.spoken_before
+    rest = heard_text(reply.spoken[start:], played)
+    if rest:
+        messages.append(ChatMessage(role="assistant", content=rest))
+    return messages
+
+
+def llm_timings(clock: TurnClock, rounds: Sequence[ToolRound]) -> dict[str, float]:
+    """The turn's timings for the controller: when first audio waited on tools (nothing was
+    said before the first round), the stages after the LLM's first token are left out."""
+    timings = clock.ms()
+    if not rounds or rounds[0].spoken_before > 0:
+        return timings
+    return {k: v for k, v in timings.items() if k in ("endpoint", "stt", "llm_first_token")}

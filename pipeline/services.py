@@ -14,6 +14,7 @@ from pipeline.llm.client import ChatMessage
 from pipeline.llm.decision import Decision
 from pipeline.scheduling import Urgency
 from pipeline.stt import Transcript
+from pipeline.tools import ToolCall
 
 
 class SpeechRecognizer(Protocol):
@@ -49,6 +50,10 @@ class ReplyStream(Protocol):
     def reasoning_tokens(self) -> int | None: ...
     @property
     def output_tokens(self) -> int | None: ...
+    @property
+    def tool_calls(self) -> Sequence[ToolCall]:
+        """The tools the reply calls (complete once its text has ended)."""
+        ...
 
     def __aiter__(self) -> AsyncIterator[str]: ...
 

@@ -204,3 +204,32 @@ def media_message() -> dict[str, object]:
         "streamSid": "MZ0123456789abcdef0123456789abcdef",
         "media": {"track": "inbound", "chunk": "1", "timestamp": "20", "payload": SILENCE},
     }
+
+
+def test_the_stream_ends_in_a_signed_question_that_hangs_up_a_call_not_transferred(
+    signed_server: Server,
+) -> None:
+    """`<Connect action>`: when the bot's stream ends, Twilio asks what next. A call the agent
+    did not put through (or one this server never saw) is hung up; the question must be signed
+    like every webhook."""
+    response = post_webhook(
+        signed_server, twilio_signature(TOKEN, f"{signed_server.url}/twilio/voice", FORM)
+    )
+    connect = ET.fromstring(response.text).find("./Connect")
+    assert connect is not None
+    action = connect.get("action")
+    assert action == f"{signed_server.url}/twilio/after-stream"
+
+    after = {**FORM, "CallStatus": "in-progress"}
+    signed = {"X-Twilio-Signature": twilio_signature(TOKEN, action, after)}
+    answer = httpx.post(action, data=after, headers=signed, timeout=10)
+    assert answer.status_code == 200
+    assert [verb.tag for verb in ET.fromstring(answer.text)] == ["Hangup"]
+
+    forged = {"X-Twilio-Signature": twilio_signature("not-the-token", action, after)}
+    assert httpx.post(action, data=after, headers=forged, timeout=10).status_code == 403
+    bad_sid = {**after, "CallSid": "../../etc"}
+    signed = {"X-Twilio-Signature": twilio_signature(TOKEN, action, bad_sid)}
+    refused = httpx.post(action, data=bad_sid, headers=signed, timeout=10)
+    assert refused.status_code == 400
+    assert [verb.tag for verb in ET.fromstring(refused.text)] == ["Hangup"]

@@ -1,9 +1,10 @@
 """One request of a turn (`Attempt`): its plan, its stream, and the task that reads the stream
 into a queue, so the time of every token is taken as it arrives, whatever the consumer is doing.
 
-The router (`pipeline.llm.routing`) starts attempts, waits for the first to speak, and ends
-the others; each ends as ``spoke``, ``failed``, ``refused`` (its effort), ``timeout`` or
-``lost``, and is listed in the turn's decision (`summary()`).
+The router (`pipeline.llm.routing`) starts attempts, waits for the first to speak (visible text
+or the first fragment of a tool call), and ends the others; each ends as ``spoke``, ``failed``,
+``refused`` (its effort), ``timeout`` or ``lost``, and is listed in the turn's decision
+(`summary()`).
 """
 
 from __future__ import annotations
@@ -30,10 +31,16 @@ class Attempt:
     kind: AttemptKind
     started_at: float = field(default_factory=time.monotonic)
     queue: asyncio.Queue[str | Exception | None] = field(default_factory=asyncio.Queue)
-    settled: asyncio.Event = field(default_factory=asyncio.Event)  # first delta, end, or error
+    # the first delta or tool-call fragment, the end, or an error
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
     error: LLMError | None = None
     result: AttemptResult = "pending"
     task: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        # a reply that only calls tools has answered at its first fragment, though it says
+        # nothing: it wins the turn, and no hedge or first-token timeout is due
+        self.stream.on_tool_call = self.settled.set
 
     async def pump(self) -> None:
         try:

@@ -2,9 +2,13 @@
 
 ```
 TierRouter (one a process: a client per tier, one shared Controller)
-  .for_call(policy, experiment, arm) -> CallRouter (one a call)
-    .reply(history, zero) -> RoutedReply (one a turn): plan -> request -> deltas
+  .for_call(policy, experiment, arm, instructions=, tools=) -> CallRouter (one a call)
+    .reply(history, zero) -> RoutedReply (one a turn): plan -> request -> deltas, tool_calls
 ```
+
+A call's ``instructions`` (its agent's system prompt; None: the settings' ``system_prompt``) and
+``tools`` go with every request of every turn. A request that calls a tool has answered at the
+first fragment of the call, even without text: it wins the turn like one that spoke.
 
 A `RoutedReply` plans the turn when it is made (the time already spent since the end of the
 caller's speech counts against the budget), then on iteration sends the request and yields the
@@ -49,6 +53,7 @@ from pipeline.llm.errors import LLMError
 from pipeline.llm.estimates import TurnOutcome
 from pipeline.llm.settings import LLMSettings
 from pipeline.llm.tiers import LLMTier
+from pipeline.tools import ToolCall, ToolSpec
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +100,15 @@ class TierRouter:
             self.clients[tier.name] = LLMClient(settings.model_copy(update=override), url)
 
     def for_call(
-        self, policy: Policy, experiment: str | None = None, arm: str | None = None
+        self,
+        policy: Policy,
+        experiment: str | None = None,
+        arm: str | None = None,
+        *,
+        instructions: str | None = None,
+        tools: Sequence[ToolSpec] = (),
     ) -> CallRouter:
-        return CallRouter(self, policy, experiment, arm)
+        return CallRouter(self, policy, experiment, arm, instructions=instructions, tools=tools)
 
     async def aclose(self) -> None:
         for client in self.clients.values():
@@ -105,15 +116,31 @@ class TierRouter:
 
 
 class CallRouter:
-    """The router bound to one call's policy (its experiment arm)."""
+    """The router bound to one call's policy (its experiment arm), instructions and tools."""
 
     def __init__(
-        self, router: TierRouter, policy: Policy, experiment: str | None, arm: str | None
+        self,
+        router: TierRouter,
+        policy: Policy,
+        experiment: str | None,
+        arm: str | None,
+        *,
+        instructions: str | None = None,
+        tools: Sequence[ToolSpec] = (),
     ) -> None:
         self.router = router
         self.policy = policy
         self.experiment = experiment
         self.arm = arm
+        self.instructions = instructions
+        self.tools = tuple(tools)
+
+    @property
+    def system_prompt(self) -> str:
+        """What each request is told first: the call's instructions, else the settings'."""
+        if self.instructions is not None:
+            return self.instructions
+        return self.router.settings.system_prompt
 
     def context(
         self, spent_ms: float, prompt_tokens: int, tiers: Sequence[LLMTier] | None = None
@@ -141,7 +168,7 @@ class RoutedReply:
         self.router = call.router
         self.history = list(history)
         self.zero = zero
-        self.prompt_tokens = estimate_prompt_tokens(history, self.router.settings.system_prompt)
+        self.prompt_tokens = estimate_prompt_tokens(history, call.system_prompt, call.tools)
         self.plan = self.router.controller.plan(call.context(self._spent_ms(), self.prompt_tokens))
         self.filler = self.plan.filler
         self.attempts: list[Attempt] = []
@@ -183,6 +210,11 @@ class RoutedReply:
     def output_tokens(self) -> int | None:
         return self.winner.stream.output_tokens if self.winner else None
 
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The tools the winning request calls (complete once its stream has ended)."""
+        return self.winner.stream.tool_calls if self.winner else []
+
     def _spent_ms(self) -> float:
         return (time.monotonic() - self.zero) * 1e3
 
@@ -200,6 +232,8 @@ class RoutedReply:
             service_tier=plan.service_tier,
             effort=plan.effort,
             max_output_tokens=plan.max_output_tokens,
+            tools=self.call.tools,
+            instructions=self.call.instructions,
         )
         attempt = Attempt(plan, stream, kind)
         attempt.task = asyncio.create_task(attempt.pump(), name=f"llm-{plan.tier}-{plan.effort}")
@@ -369,8 +403,12 @@ class RoutedReply:
     def _outcome(self, attempt: Attempt, timings_ms: Mapping[str, float]) -> TurnOutcome:
         s = attempt.stream
         ttft = None
-        if s.first_token_at is not None:
-            ttft = (s.first_token_at - s.requested_at) * 1e3
+        # the tier's time to first token: visible text or a tool call, whichever came first
+        first = min(
+            (t for t in (s.first_token_at, s.first_tool_call_at) if t is not None), default=None
+        )
+        if first is not None:
+            ttft = (first - s.requested_at) * 1e3
         visible = s.deltas
         if s.output_tokens is not None and s.reasoning_tokens is not None:
             visible = max(s.output_tokens - s.reasoning_tokens, 0)

@@ -16,6 +16,7 @@ from pipeline.llm.decision import Decision
 from pipeline.llm.errors import LLMError
 from pipeline.scheduling import Urgency
 from pipeline.stt import Transcript
+from pipeline.tools import ToolCall, ToolContext, ToolResult, ToolSpec
 from pipeline.transport import (
     PCM,
     SAMPLE_RATE,
@@ -43,8 +44,16 @@ class ScriptedSTT:
 class ScriptedReply:
     """A streamed reply: first token after `ttft_s`, then `tokens_per_s` word tokens."""
 
-    def __init__(self, text: str, ttft_s: float, tokens_per_s: float) -> None:
+    def __init__(
+        self,
+        text: str,
+        ttft_s: float,
+        tokens_per_s: float,
+        tool_calls: Sequence[ToolCall] = (),
+    ) -> None:
         self.text = text
+        self.script_calls = list(tool_calls)  # asked for once the text has streamed
+        self.tool_calls: list[ToolCall] = []
         self.ttft_s = ttft_s
         self.tokens_per_s = tokens_per_s
         self.requested_at = time.monotonic()
@@ -71,6 +80,7 @@ class ScriptedReply:
                 self.first_token_at = time.monotonic()
             yield token
         self.output_tokens = len(tokens)
+        self.tool_calls = self.script_calls
 
     def __aiter__(self) -> AsyncIterator[str]:
         return self._tokens()
@@ -97,24 +107,73 @@ class ScriptedReply:
         )
 
 
+Scripted = str | tuple[str, Sequence[ToolCall]]  # a reply's text, and the tools it asks for
+
+
 class ScriptedLLM:
     def __init__(
-        self, replies: Sequence[str], ttft_s: Sequence[float] = (), tokens_per_s: float = 200
+        self, replies: Sequence[Scripted], ttft_s: Sequence[float] = (), tokens_per_s: float = 200
     ) -> None:
         self.replies = list(replies)
         self.ttft_s = list(ttft_s)
         self.tokens_per_s = tokens_per_s
         self.requests: list[list[ChatMessage]] = []
+        self.zeros: list[float] = []
         self.streams: list[ScriptedReply] = []
         self.experiment: str | None = None
         self.arm: str | None = None
 
     def reply(self, history: Sequence[ChatMessage], zero: float) -> ScriptedReply:
         self.requests.append(list(history))
+        self.zeros.append(zero)
         ttft = self.ttft_s.pop(0) if self.ttft_s else 0.1
-        reply = ScriptedReply(self.replies.pop(0), ttft, self.tokens_per_s)
+        script = self.replies.pop(0)
+        text, calls = (script, ()) if isinstance(script, str) else script
+        reply = ScriptedReply(text, ttft, self.tokens_per_s, calls)
         self.streams.append(reply)
         return reply
+
+
+class ScriptedToolbox:
+    """Tools that answer `outputs[name]` after `delay_s[name]` (default 50 ms), or never
+    (until cancelled) when the delay is None; with `actions[name]`, that action too."""
+
+    def __init__(
+        self,
+        outputs: Mapping[str, str],
+        delay_s: Mapping[str, float | None] | None = None,
+        actions: Mapping[str, object] | None = None,
+    ) -> None:
+        self.outputs = dict(outputs)
+        self.delay_s = dict(delay_s or {})
+        self.actions = dict(actions or {})
+        self.started: list[tuple[ToolCall, ToolContext]] = []
+        self.running = asyncio.Event()  # set when a call starts
+        self.cancelled: list[str] = []
+
+    def specs(self) -> Sequence[ToolSpec]:
+        return [ToolSpec(name, f"the {name} tool") for name in self.outputs]
+
+    async def run(self, call: ToolCall, context: ToolContext) -> ToolResult:
+        started = time.monotonic()
+        self.started.append((call, context))
+        self.running.set()
+        delay = self.delay_s.get(call.name, 0.05)
+        try:
+            if delay is None:
+                await asyncio.Event().wait()
+            await asyncio.sleep(delay or 0.0)
+        except asyncio.CancelledError:
+            self.cancelled.append(call.id)
+            raise
+        action = self.actions.get(call.name)
+        return ToolResult(
+            call,
+            self.outputs[call.name],
+            started_at=started,
+            ended_at=time.monotonic(),
+            action=action,  # type: ignore[arg-type]
+        )
 
 
 class ToneTTS:

@@ -24,6 +24,7 @@ from voice.devtools.soak import soak_command
 
 if TYPE_CHECKING:
     from voice.devtools.turns import CallResult
+    from voice.server.settings import Settings
 
 app = typer.Typer(
     help="Hotline: self-hosted real-time voice AI telephony server.", no_args_is_help=True
@@ -85,6 +86,7 @@ def serve(
     if port is not None:
         overrides["port"] = port
     settings = Settings(**overrides)  # type: ignore[arg-type]
+    _check_agents(settings)
     server_app = create_app(settings)
     config = uvicorn.Config(
         server_app,
@@ -94,6 +96,23 @@ def serve(
         ws_max_size=64 * 1024,
     )
     DrainingServer(config, server_app).run()
+
+
+def _check_agents(settings: Settings) -> None:
+    """Bad agent files stop `serve` at once, with every problem named (file and field)."""
+    from voice.agents.directory import AgentFileError
+    from voice.agents.runtime import AgentSetupError, check_agents
+    from voice.server.app import agent_directory
+
+    try:
+        secret = settings.agents.signing_secret
+        check_agents(
+            agent_directory(settings),
+            secret.get_secret_value().encode() if secret is not None else None,
+        )
+    except (AgentFileError, AgentSetupError) as exc:
+        typer.echo(f"hotline: the agents cannot start:\n{exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -146,6 +165,10 @@ def call(
             if phone.rejected is not None:
                 console.print(f"[red]call rejected:[/] {phone.rejected}")
                 raise typer.Exit(1)
+            if phone.transferred_to is not None:
+                console.print(f"[bold]Twilio put the caller through to {phone.transferred_to}[/]")
+            elif phone.after_stream is not None:
+                console.print(f"after the stream, Twilio was told: {phone.after_stream}")
             result = phone
         write_wav(out, result.reply_audio)
         detail = httpx.get(f"{url.rstrip('/')}/calls/{result.call_id}", timeout=10).json()

@@ -53,6 +53,9 @@ class RegisteredCall:
     experiment: str | None = None  # the experiment the call is in, if any
     arm: str | None = None  # its arm
     end_reason: str | None = None  # why it ended (caller hung up, no audio for 10 s, ...)
+    # Where the agent put the caller through: {"to", "reason", "summary"}; read by the provider
+    # webhook that asks what to do once the bot's stream has ended (Twilio `<Connect action>`).
+    transfer: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,10 @@ class PhoneCallResult(CallResult):
     playback: list[tuple[float, bool]] = field(default_factory=list)  # (played at, audible)
     violations: list[str] = field(default_factory=list)  # what Twilio would have refused
     rejected: str | None = None  # the webhook's TwiML turned the call away (what it said)
+    # After the server ended the stream: the verb `<Connect action>` answered (Dial, Hangup),
+    # and the number or SIP URI a `<Dial>` put the caller through to.
+    after_stream: str | None = None
+    transferred_to: str | None = None
 
     def events_named(self, event: str) -> list[ServerMessage]:
         return [m for m in self.received if m.event == event]

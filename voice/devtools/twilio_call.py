@@ -3,7 +3,10 @@
 Twilio first POSTs the incoming call to the number's voice webhook and follows the TwiML it
 answers: `<Connect><Stream>` names the Media Stream to open and its `<Parameter>`s, anything
 else turns the call away. On the stream, `TwilioPhone` plays Twilio's part while the caller
-speaks its turns (`voice.devtools.turns.converse`).
+speaks its turns (`voice.devtools.turns.converse`). When the server ends the stream while the
+caller is still on the line, and the `<Connect>` has an `action`, Twilio POSTs that URL (signed
+like every webhook) and follows its TwiML: a `<Dial>` puts the caller through
+(`PhoneCallResult.transferred_to`), a `<Hangup>` ends the call.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import logging
 import xml.etree.ElementTree as ET
 from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -37,18 +41,27 @@ from voice.transports.phone.twilio import (
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Connected:
+    """A `<Connect><Stream>` answer: the stream to open, its parameters, the `action` URL."""
+
+    stream_url: str
+    parameters: dict[str, str]
+    action_url: str | None = None
+
+
 async def answer_webhook(
     base_url: str,
     call_sid: str,
     account_sid: str,
     numbers: Mapping[str, str],
     auth_token: str | None,
-) -> tuple[str, dict[str, str]] | str:
+) -> Connected | str:
     """POST the incoming-call webhook as Twilio does (signed when `auth_token` is given).
 
-    Returns the stream URL and `<Parameter>`s of a `<Connect><Stream>` answer, or, when the
-    TwiML turns the call away, what it said (or the verb it used). Over plain http the stream's
-    `wss://` becomes `ws://`, since a local server has no TLS.
+    Returns the `<Connect><Stream>` answer, or, when the TwiML turns the call away, what it
+    said (or the verb it used). Over plain http the stream's `wss://` becomes `ws://`, since a
+    local server has no TLS.
     """
     webhook = base_url.rstrip("/")
     if not webhook.endswith("/twilio/voice"):
@@ -78,7 +91,44 @@ async def answer_webhook(
     if webhook.startswith("http://") and url.startswith("wss://"):
         url = "ws://" + url.removeprefix("wss://")
     parameters = {str(p.get("name")): str(p.get("value", "")) for p in stream.iter("Parameter")}
-    return url, parameters
+    connect = twiml.find("Connect")
+    action = connect.get("action") if connect is not None else None
+    return Connected(url, parameters, action)
+
+
+async def after_stream(
+    action_url: str,
+    call_sid: str,
+    account_sid: str,
+    numbers: Mapping[str, str],
+    auth_token: str | None,
+) -> tuple[str, str | None]:
+    """POST `<Connect action>` as Twilio does once the stream has ended; the TwiML's first
+    verb and, for a `<Dial>`, the number or SIP URI dialled."""
+    caller, callee = numbers[CALLER_PARAMETER], numbers[CALLEE_PARAMETER]
+    form = {
+        "AccountSid": account_sid,
+        "ApiVersion": "2010-04-01",
+        "CallSid": call_sid,
+        "CallStatus": "in-progress",
+        "Direction": "inbound",
+        "From": caller,
+        "To": callee,
+    }
+    headers = (
+        {SIGNATURE_HEADER: twilio_signature(auth_token, action_url, form)} if auth_token else {}
+    )
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(action_url, data=form, headers=headers)
+        response.raise_for_status()
+    twiml = ET.fromstring(response.text)
+    if not len(twiml):
+        return "empty TwiML", None
+    verb = twiml[0]
+    if verb.tag != "Dial":
+        return verb.tag, None
+    target = verb.findtext("Number") or verb.findtext("Sip") or (verb.text or "").strip()
+    return "Dial", target or None
 
 
 async def place_twilio_call(
@@ -92,6 +142,7 @@ async def place_twilio_call(
     parameters: Mapping[str, str] | None = None,
     auth_token: str | None = None,
     call_sid: str | None = None,
+    linger_s: float = 0.0,
 ) -> PhoneCallResult:
     """Call Hotline the way Twilio would and speak `utterances` (16 kHz), one turn each.
 
@@ -102,16 +153,18 @@ async def place_twilio_call(
     `barge_in_after_ms` and the `dtmf` keys (pressed after the first reply) are
     `voice.devtools.turns.converse`'s. With `auth_token`, the stream's handshake is signed too, as
     Twilio signs it.
-    Ends with `stop` and closes the socket.
+    Ends with `stop` and closes the socket, after staying on the line `linger_s` more (until
+    the server ends the stream, if it does: say after a transfer).
     """
     custom = {CALLER_PARAMETER: DEFAULT_CALLER, CALLEE_PARAMETER: DEFAULT_CALLEE}
     custom.update(parameters or {})
     call_sid, account_sid = call_sid or twilio_sid("CA"), twilio_sid("AC")
+    action_url = None
     if stream_url.startswith(("http://", "https://")):
         answer = await answer_webhook(stream_url, call_sid, account_sid, custom, auth_token)
         if isinstance(answer, str):
             return PhoneCallResult(call_sid, [], np.zeros(0, dtype=np.int16), rejected=answer)
-        stream_url, custom = answer
+        stream_url, custom, action_url = answer.stream_url, answer.parameters, answer.action_url
     turns: list[CallerTurn] = []
     signed = {SIGNATURE_HEADER: twilio_signature(auth_token, stream_url, {})} if auth_token else {}
     async with connect(
@@ -119,8 +172,9 @@ async def place_twilio_call(
     ) as socket:
         phone = TwilioPhone(socket, call_sid, account_sid, custom)
         await phone.open()
-        await _talk(
+        server_ended = await _talk(
             phone,
+            linger_s,
             converse(
                 phone,
                 utterances,
@@ -131,12 +185,20 @@ async def place_twilio_call(
                 quiet_s=quiet_s,
             ),
         )
-    return phone.result(turns, barge_in_after_ms is not None)
+    result = phone.result(turns, barge_in_after_ms is not None)
+    if server_ended and action_url is not None:
+        result.after_stream, result.transferred_to = await after_stream(
+            action_url, call_sid, account_sid, custom, auth_token
+        )
+    return result
 
 
-async def _talk(phone: TwilioPhone, conversation: Coroutine[Any, Any, None]) -> None:
-    """Run the phone's clock and ear and the caller's `conversation` until it ends or the server
-    hangs up, then hang up."""
+async def _talk(
+    phone: TwilioPhone, linger_s: float, conversation: Coroutine[Any, Any, None]
+) -> bool:
+    """Run the phone's clock and ear and the caller's `conversation` until it ends (and then
+    `linger_s` more) or the server hangs up, then hang up; True if the server ended the stream
+    first."""
     clock = asyncio.create_task(phone.run())
     ear = asyncio.create_task(phone.listen())
     script = asyncio.create_task(conversation)
@@ -146,9 +208,14 @@ async def _talk(phone: TwilioPhone, conversation: Coroutine[Any, Any, None]) -> 
         for part in (script, clock, ear):
             if part.done():
                 part.result()  # a failure in the phone itself is raised, not hidden
-        if not script.done():
-            log.warning("the server hung up on the call")
+        server_ended = not script.done()
+        if not server_ended and linger_s > 0:
+            await asyncio.wait({ended}, timeout=linger_s)
+            server_ended = ended.done()
+        if server_ended:
+            log.info("the server ended the stream")
         await phone.hang_up()
+        return server_ended
     finally:
         for task in (script, ended, clock, ear):
             task.cancel()

@@ -1,7 +1,8 @@
 """OpenAI-compatible tier simulator: Hotline's embedded default LLM.
 
 No model runs here. Each request is answered with ``You said: <the caller's words>.`` and a
-short scripted sentence, paced like a real provider: the profile chosen by ``service_tier`` sets
+short scripted sentence (or, with tools, with tool calls or what their results came to:
+`voice.llm_sim.tools`), paced like a real provider: the profile chosen by ``service_tier`` sets
 the time to first token and the output speed; the reasoning effort adds hidden reasoning tokens,
 "generated" at that speed before the first visible token. Streams are what the ``openai`` SDK
 parses: Chat Completions chunks ending in ``[DONE]``, and the Responses event sequence.
@@ -18,7 +19,7 @@ import hashlib
 import logging
 import random
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from voice.llm_sim.requests import (
+    BadRequest,
+    json_body,
+    optional_field,
+    parse_messages,
+    parse_tools,
+    required_field,
+)
+from voice.llm_sim.requests import SimulatedRequest as SimulatedRequest  # re-exported
 from voice.llm_sim.settings import (
     DEFAULT_ANSWERS as DEFAULT_ANSWERS,
 )
@@ -40,21 +50,18 @@ from voice.llm_sim.settings import (
 from voice.llm_sim.settings import (
     TierProfile as TierProfile,
 )
+from voice.llm_sim.tools import ToolOutput, tool_outputs, tool_reply
 from voice.llm_sim.wire import (
-    BadRequest,
+    FinishReason,
     Plan,
     chat_completion,
     chat_events,
     error_body,
-    json_body,
-    optional_field,
-    parse_messages,
-    required_field,
+    fit_calls,
     response_events,
     response_object,
     status_error,
 )
-from voice.llm_sim.wire import SimulatedRequest as SimulatedRequest  # re-exported
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +91,13 @@ class SimulatorStats:
                 await self._changed.wait()
 
 
-def _reply_words(messages: list[tuple[str, str]], answers: list[str]) -> list[str]:
+def _heard(messages: list[tuple[str, str]]) -> str:
+    """The caller's latest words."""
     heard = next((" ".join(t.split()) for role, t in reversed(messages) if role == "user"), "")
-    heard = heard.rstrip(" .!?,;:")
+    return heard.rstrip(" .!?,;:")
+
+
+def _reply_words(heard: str, answers: list[str]) -> list[str]:
     digest = hashlib.sha256(heard.encode()).digest()
     answer = answers[int.from_bytes(digest[:4], "big") % len(answers)]
     return (f"You said: {heard}. {answer}" if heard else answer).split()
@@ -118,7 +129,13 @@ class _Simulator:
             )
         return self.settings.service_tiers[service_tier]
 
-    def plan(self, request: SimulatedRequest, instructions: str | None = None) -> Plan:
+    def plan(
+        self,
+        request: SimulatedRequest,
+        instructions: str | None = None,
+        outputs: Sequence[ToolOutput] = (),
+    ) -> Plan:
+        """Time the reply; ``outputs``: the tool results the input ends with."""
         s = self.settings
         profile = s.profiles[request.profile]
         effort = request.effort or s.default_effort
@@ -133,10 +150,18 @@ class _Simulator:
         if request.max_tokens is not None and request.max_tokens < 1:
             param = "max_completion_tokens" if request.api == "chat" else "max_output_tokens"
             raise BadRequest(f"Invalid '{param}': integer below minimum value 1.", param)
-        words = _reply_words(request.messages, s.answers)
+        heard = _heard(request.messages)
+        replied = tool_reply(heard, request.tools, outputs, request.parallel_tool_calls)
+        words = _reply_words(heard, s.answers) if replied is None else replied.text.split()
         cap = request.max_tokens if request.max_tokens is not None else 1 << 30
         reasoning = min(s.reasoning_tokens[effort], cap)
         visible = min(len(words), cap - reasoning)
+        calls, cut = fit_calls(replied.calls if replied else [], cap - reasoning - visible)
+        finish: FinishReason = "stop"
+        if visible < len(words) or cut:
+            finish = "length"
+        elif calls:
+            finish = "tool_calls"
         prompt_tokens = sum(len(text.split()) + 4 for _, text in request.messages) + 3
         ttft_ms = profile.ttft_ms + self.rng.uniform(-profile.jitter_ms, profile.jitter_ms)
         if profile.prefill_tokens_per_s:
@@ -151,11 +176,12 @@ class _Simulator:
             effort=effort,
             reasoning_tokens=reasoning,
             deltas=[w if i == 0 else " " + w for i, w in enumerate(words[:visible])],
-            finish_reason="stop" if visible == len(words) else "length",
+            finish_reason=finish,
             prompt_tokens=prompt_tokens,
             start=asyncio.get_running_loop().time(),
             ttft_s=max(ttft_ms, 0.0) / 1000.0,
             token_s=1.0 / profile.tokens_per_s,
+            calls=calls,
         )
 
     def injected_failure(self, profile_name: str) -> Response | None:
@@ -234,7 +260,10 @@ async def _chat(request: Request) -> Response:
     sim: _Simulator = request.app.state.simulator
     body = await json_body(request)
     model = required_field(body, "model")
-    messages = parse_messages(required_field(body, "messages"), "messages")
+    given = required_field(body, "messages")
+    messages = parse_messages(given, "messages")
+    tools, outputs = parse_tools(body.get("tools"), "chat"), tool_outputs(given, "chat")
+    parallel = optional_field(body, "parallel_tool_calls", bool) is not False
     cap = optional_field(body, "max_completion_tokens", int)
     cap = optional_field(body, "max_tokens", int) if cap is None else cap
     tier = optional_field(body, "service_tier", str)
@@ -242,9 +271,10 @@ async def _chat(request: Request) -> Response:
     include_usage = bool((optional_field(body, "stream_options", dict) or {}).get("include_usage"))
     effort = optional_field(body, "reasoning_effort", str)
     profile = sim.profile_for(tier)
-    plan = sim.plan(
-        SimulatedRequest("chat", str(model), messages, tier, effort, cap, stream, profile)
+    req = SimulatedRequest(
+        "chat", str(model), messages, tier, effort, cap, stream, profile, tools, parallel
     )
+    plan = sim.plan(req, outputs=outputs)
     events = chat_events(plan, include_usage, sim.settings.stream_reasoning_as) if stream else []
     return await sim.reply(plan, stream, events)
 
@@ -255,6 +285,8 @@ async def _responses(request: Request) -> Response:
     model = required_field(body, "model")
     given = required_field(body, "input")
     messages = [("user", given)] if isinstance(given, str) else parse_messages(given, "input")
+    tools, outputs = parse_tools(body.get("tools"), "responses"), tool_outputs(given, "responses")
+    parallel = optional_field(body, "parallel_tool_calls", bool) is not False
     instructions = optional_field(body, "instructions", str)
     if instructions:
         messages.insert(0, ("system", instructions))
@@ -265,8 +297,10 @@ async def _responses(request: Request) -> Response:
         optional_field(body, "reasoning", dict) or {}, "effort", str, "reasoning.effort"
     )
     profile = sim.profile_for(tier)
-    req = SimulatedRequest("responses", str(model), messages, tier, effort, cap, stream, profile)
-    plan = sim.plan(req, instructions)
+    req = SimulatedRequest(
+        "responses", str(model), messages, tier, effort, cap, stream, profile, tools, parallel
+    )
+    plan = sim.plan(req, instructions, outputs)
     return await sim.reply(plan, stream, response_events(plan) if stream else [])
 
 

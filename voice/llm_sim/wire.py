@@ -1,44 +1,66 @@
 """OpenAI wire shapes for the tier simulator: what `voice.llm_sim.simulator` sends back.
 
-One simulated generation is a `Plan`, timed on the event loop's monotonic clock. This module turns
-it into Chat Completions responses and chunks (ending in ``[DONE]``), Responses API objects and
-the Responses event sequence, usage blocks, error bodies and SSE framing. Streamed events come as
-``(due time, bytes)`` pairs; the simulator paces them. Requests are read the other way: `json_body`,
-`required_field`, `optional_field` and `parse_messages` raise `BadRequest`, which the simulator
-answers with a 400 error body.
+One simulated generation is a `Plan`, timed on the event loop's monotonic clock: visible text,
+then the tool calls it makes (`PlannedCall`), one token at a time. This module turns it into
+Chat Completions responses and chunks (ending in ``[DONE]``), Responses API objects and the
+Responses event sequence, usage blocks, error bodies and SSE framing. Streamed events come as
+``(due time, bytes)`` pairs; the simulator paces them. Requests are read the other way, in
+`voice.llm_sim.requests`.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from starlette.requests import Request
-
-JSON = dict[str, Any]
+from voice.llm_sim.requests import JSON, SimulatedRequest
 
 REASONING_TEXT = "the caller wants a short friendly answer so keep it brief and spoken"
-
-
-@dataclass
-class SimulatedRequest:
-    """What the simulator understood of one request (for tests and debugging)."""
-
-    api: Literal["chat", "responses"]
-    model: str
-    messages: list[tuple[str, str]]  # (role, text), instructions first as "system"
-    service_tier: str | None  # as requested; None when the field was absent
-    effort: str | None  # as requested; None when the field was absent
-    max_tokens: int | None
-    stream: bool
-    profile: str
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 # ---------------------------------------------------------------- the timeline of one reply
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """One tool call of a simulated reply: the tool's name, and its arguments' JSON text in the
+    pieces it is streamed in (about a token each, after one token for the call's start)."""
+
+    name: str
+    pieces: tuple[str, ...]
+
+    @staticmethod
+    def of(name: str, arguments: JSON) -> PlannedCall:
+        text = json.dumps(arguments, separators=(",", ":"), ensure_ascii=False)
+        return PlannedCall(name, tuple(re.findall(r"\s*(?:\w+|[^\w\s]+)|\s+", text)))
+
+    @property
+    def arguments(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def tokens(self) -> int:
+        return 1 + len(self.pieces)
+
+    def cut(self, tokens: int) -> PlannedCall:
+        """The call as far as ``tokens`` output tokens go (a token cap)."""
+        return PlannedCall(self.name, self.pieces[: max(tokens - 1, 0)])
+
+
+def fit_calls(calls: list[PlannedCall], tokens: int) -> tuple[list[PlannedCall], bool]:
+    """The calls as far as ``tokens`` output tokens go, and whether any was cut short."""
+    kept: list[PlannedCall] = []
+    for call in calls:
+        if tokens > 0:
+            kept.append(call.cut(tokens))
+        tokens -= call.tokens
+    return kept, tokens < 0
 
 
 @dataclass
@@ -51,11 +73,12 @@ class Plan:
     effort: str
     reasoning_tokens: int
     deltas: list[str]
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
     prompt_tokens: int
     start: float
     ttft_s: float
     token_s: float
+    calls: list[PlannedCall] = field(default_factory=list)  # after the text
     created: int = field(default_factory=lambda: int(time.time()))
     ident: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
 
@@ -66,12 +89,24 @@ class Plan:
     def first_token_at(self) -> float:
         return self.start + self.ttft_s
 
+    @property
+    def output_tokens(self) -> int:
+        """Visible text and tool calls (reasoning not included)."""
+        return len(self.deltas) + sum(c.tokens for c in self.calls)
+
     def visible_at(self, index: int) -> float:
-        """When visible token ``index`` is due: after every reasoning token, at the tier's rate."""
+        """When output token ``index`` is due (text first, then tool calls): after every
+        reasoning token, at the tier's rate."""
         return self.first_token_at() + (self.reasoning_tokens + index) * self.token_s
 
-    def end_at(self) -> float:
+    def text_end_at(self) -> float:
         return self.visible_at(max(len(self.deltas) - 1, 0))
+
+    def end_at(self) -> float:
+        return self.visible_at(max(self.output_tokens - 1, 0))
+
+    def call_id(self, index: int) -> str:
+        return f"call_{self.ident}_{index}"
 
 
 # ---------------------------------------------------------------- wire format (OpenAI shapes)
@@ -105,7 +140,7 @@ def sse(data: JSON | str, event: str | None = None) -> bytes:
 
 
 def _chat_usage(plan: Plan) -> JSON:
-    completion = plan.reasoning_tokens + len(plan.deltas)
+    completion = plan.reasoning_tokens + plan.output_tokens
     return {
         "prompt_tokens": plan.prompt_tokens,
         "completion_tokens": completion,
@@ -120,8 +155,17 @@ def _chat_usage(plan: Plan) -> JSON:
     }
 
 
+def _chat_call(plan: Plan, index: int) -> JSON:
+    call = plan.calls[index]
+    function = {"name": call.name, "arguments": call.arguments}
+    return {"id": plan.call_id(index), "type": "function", "function": function}
+
+
 def chat_completion(plan: Plan) -> JSON:
-    message: JSON = {"role": "assistant", "content": plan.text, "refusal": None, "annotations": []}
+    content = plan.text if plan.deltas or not plan.calls else None
+    message: JSON = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
+    if plan.calls:
+        message["tool_calls"] = [_chat_call(plan, i) for i in range(len(plan.calls))]
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": plan.finish_reason}
     return {
         "id": f"chatcmpl-{plan.ident}",
@@ -156,12 +200,24 @@ def chat_events(plan: Plan, include_usage: bool, reasoning_field: str) -> list[t
         return sse(body)
 
     start = plan.first_token_at()
-    events = [(start, chunk({"role": "assistant", "content": "", "refusal": None}))]
+    content = "" if plan.deltas or not plan.calls else None
+    events = [(start, chunk({"role": "assistant", "content": content, "refusal": None}))]
     if reasoning_field != "none":
         words = itertools.cycle(REASONING_TEXT.split())
         for i in range(plan.reasoning_tokens):
             events.append((start + i * plan.token_s, chunk({reasoning_field: " " + next(words)})))
     events += [(plan.visible_at(i), chunk({"content": d})) for i, d in enumerate(plan.deltas)]
+    token = len(plan.deltas)
+    for i, call in enumerate(plan.calls):
+        # the first fragment names the call; its arguments follow, a piece a token
+        named = {"index": i, "id": plan.call_id(i), "type": "function"}
+        named["function"] = {"name": call.name, "arguments": ""}
+        events.append((plan.visible_at(token), chunk({"tool_calls": [named]})))
+        for piece in call.pieces:
+            token += 1
+            fragment = {"index": i, "function": {"arguments": piece}}
+            events.append((plan.visible_at(token), chunk({"tool_calls": [fragment]})))
+        token += 1
     end = plan.end_at()
     events.append((end, chunk({}, plan.finish_reason)))
     if include_usage:
@@ -179,27 +235,46 @@ def _reasoning_item(plan: Plan) -> JSON:
 
 
 def _message_item(plan: Plan, final: bool) -> JSON:
-    status = (
-        "in_progress"
-        if not final
-        else "completed"
-        if plan.finish_reason == "stop"
-        else "incomplete"
-    )
+    cut = plan.finish_reason == "length" and not plan.calls  # the cap fell in the text
+    status = "in_progress" if not final else "incomplete" if cut else "completed"
     parts = [_text_part(plan.text)] if final else []
     item = {"id": f"msg_{plan.ident}", "type": "message", "role": "assistant"}
     return {**item, "status": status, "content": parts}
 
 
+def _call_item(plan: Plan, index: int, final: bool) -> JSON:
+    call = plan.calls[index]
+    cut = plan.finish_reason == "length" and index == len(plan.calls) - 1
+    status = "in_progress" if not final else "incomplete" if cut else "completed"
+    item = {"id": f"fc_{plan.ident}_{index}", "type": "function_call", "status": status}
+    arguments = call.arguments if final else ""
+    return {**item, "arguments": arguments, "call_id": plan.call_id(index), "name": call.name}
+
+
+def _echoed_tools(request: SimulatedRequest) -> list[JSON]:
+    """The function tools as a response lists them."""
+    return [
+        {
+            "type": "function",
+            "name": t.name,
+            "description": t.description,
+            "parameters": t.parameters,
+            "strict": True if t.strict is None else t.strict,
+        }
+        for t in request.tools
+    ]
+
+
 def response_object(plan: Plan, final: bool) -> JSON:
-    complete = plan.finish_reason == "stop"
+    complete = plan.finish_reason != "length"
     output: list[JSON] = []
     usage: JSON | None = None
     if final:
         output = [_reasoning_item(plan)] if plan.reasoning_tokens else []
         if plan.deltas:
             output.append(_message_item(plan, final=True))
-        out_tokens = plan.reasoning_tokens + len(plan.deltas)
+        output += [_call_item(plan, i, final=True) for i in range(len(plan.calls))]
+        out_tokens = plan.reasoning_tokens + plan.output_tokens
         usage = {
             "input_tokens": plan.prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
@@ -222,14 +297,14 @@ def response_object(plan: Plan, final: bool) -> JSON:
         "max_tool_calls": None,
         "model": plan.request.model,
         "output": output,
-        "parallel_tool_calls": True,
+        "parallel_tool_calls": plan.request.parallel_tool_calls,
         "previous_response_id": None,
         "reasoning": {"effort": plan.effort, "summary": None},
         "service_tier": plan.reported_tier,
         "temperature": 1.0,
         "text": {"format": {"type": "text"}, "verbosity": "medium"},
         "tool_choice": "auto",
-        "tools": [],
+        "tools": _echoed_tools(plan.request),
         "top_p": 1.0,
         "truncation": "disabled",
         "usage": usage,
@@ -242,8 +317,8 @@ def response_events(plan: Plan) -> list[tuple[float, bytes]]:
     events: list[tuple[float, bytes]] = []
     seq = itertools.count()
 
-    def emit(at: float, kind: str, **fields: Any) -> None:
-        events.append((at, sse({"type": kind, "sequence_number": next(seq), **fields}, kind)))
+    def emit(due: float, kind: str, **fields: Any) -> None:
+        events.append((due, sse({"type": kind, "sequence_number": next(seq), **fields}, kind)))
 
     started = response_object(plan, final=False)
     emit(plan.start, "response.created", response=started)
@@ -255,7 +330,7 @@ def response_events(plan: Plan) -> list[tuple[float, bytes]]:
         emit(plan.visible_at(0), "response.output_item.done", output_index=0, item=item)
         index = 1
     if plan.deltas:
-        first, end, text = plan.visible_at(0), plan.end_at(), plan.text
+        first, end, text = plan.visible_at(0), plan.text_end_at(), plan.text
         at = {"output_index": index, "item_id": f"msg_{plan.ident}", "content_index": 0}
         item = _message_item(plan, final=False)
         emit(first, "response.output_item.added", output_index=index, item=item)
@@ -266,70 +341,19 @@ def response_events(plan: Plan) -> list[tuple[float, bytes]]:
         emit(end, "response.content_part.done", part=_text_part(text), **at)
         item = _message_item(plan, final=True)
         emit(end, "response.output_item.done", output_index=index, item=item)
-    done = "response.completed" if plan.finish_reason == "stop" else "response.incomplete"
+        index += 1
+    token = len(plan.deltas)
+    for i, call in enumerate(plan.calls):
+        out, due = index + i, plan.visible_at(token)
+        at = {"output_index": out, "item_id": f"fc_{plan.ident}_{i}"}
+        emit(due, "response.output_item.added", output_index=out, item=_call_item(plan, i, False))
+        for piece in call.pieces:
+            token += 1
+            due = plan.visible_at(token)
+            emit(due, "response.function_call_arguments.delta", delta=piece, **at)
+        token += 1
+        emit(due, "response.function_call_arguments.done", arguments=call.arguments, **at)
+        emit(due, "response.output_item.done", output_index=out, item=_call_item(plan, i, True))
+    done = "response.completed" if plan.finish_reason != "length" else "response.incomplete"
     emit(plan.end_at(), done, response=response_object(plan, final=True))
     return events
-
-
-# ---------------------------------------------------------------- request parsing
-
-
-class BadRequest(Exception):
-    """A malformed request: the simulator answers 400 with an OpenAI error body."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.param, self.code = message, param, code
-
-
-def text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = [p.get("text") for p in content if isinstance(p, dict)]
-        return " ".join(t for t in texts if isinstance(t, str))
-    return ""
-
-
-def parse_messages(items: Any, param: str) -> list[tuple[str, str]]:
-    if not isinstance(items, list) or not items:
-        raise BadRequest(f"Invalid '{param}': expected a non-empty array.", param, "invalid_value")
-    out: list[tuple[str, str]] = []
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise BadRequest(f"Invalid '{param}[{i}]': expected an object.", f"{param}[{i}]")
-        role = item.get("role")
-        if role is None and param == "input":
-            continue  # tool outputs, reasoning items...: no caller text
-        if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise BadRequest(f"Invalid value for '{param}[{i}].role'.", f"{param}[{i}].role")
-        out.append((str(role), text_of(item.get("content"))))
-    return out
-
-
-def optional_field(body: JSON, key: str, kind: type, label: str | None = None) -> Any:
-    """An optional field of the given JSON type (bool is not an int here)."""
-    value = body.get(key)
-    if value is None or (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
-        return value
-    raise BadRequest(f"Invalid type for '{label or key}': expected {kind.__name__}.", label or key)
-
-
-def required_field(body: JSON, key: str) -> Any:
-    if body.get(key) is None:
-        raise BadRequest(f"Missing required parameter: '{key}'.", key, "missing_required_parameter")
-    return body[key]
-
-
-async def json_body(request: Request) -> JSON:
-    try:
-        body = json.loads(await request.body())
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        raise BadRequest(
-            "We could not parse the JSON body of your request. (HINT: This likely means you "
-            "aren't using your HTTP library correctly. The OpenAI API expects a JSON payload, "
-            "but what was sent was not valid JSON.)"
-        )
-    return body

@@ -11,7 +11,9 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import httpx
 import threadpoolctl
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -20,6 +22,9 @@ from pipeline.llm.controller import Controller
 from pipeline.llm.routing import TierRouter
 from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
+from voice.agents.directory import AgentDirectory, load_agents
+from voice.agents.runtime import Agents
+from voice.agents.transfer import CallControl
 from voice.cluster.records import WorkerInfo
 from voice.cluster.registry import CallRegistry
 from voice.experiments.arms import load_experiment
@@ -61,9 +66,18 @@ def _warn_if_exposed(settings: Settings) -> None:
         )
 
 
+def agent_directory(settings: Settings) -> AgentDirectory:
+    """The agent files of `HOTLINE_AGENTS__DIR` (AgentFileError names each bad field), or the
+    built-in agent alone."""
+    if settings.agents.dir is None:
+        return AgentDirectory({})
+    return load_agents(Path(settings.agents.dir), settings.agents.default)
+
+
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
+    directory = agent_directory(settings)  # bad agent files stop the server before anything
     secret = settings.stream_secret()
     ttl_s = settings.telephony.stream_token_ttl_s
     app.state.stream_tokens = StreamTokens(secret, ttl_s) if secret is not None else None
@@ -76,12 +90,22 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     stt = SpeechToText.shared(settings.stt)
     phone_stt = SpeechToText.shared(settings.phone_stt)
     tts = TextToSpeech.shared(settings.tts)
-    if settings.warm_up:
-        models = {id(m): m for m in (stt, phone_stt)}.values()  # one warm-up per model
-        await asyncio.gather(
-            *(asyncio.to_thread(m.warm_up) for m in models), asyncio.to_thread(tts.warm_up)
-        )
     async with contextlib.AsyncExitStack() as stack:
+        tool_client = await stack.enter_async_context(httpx.AsyncClient())
+        signing = settings.agents.signing_secret
+        agents = Agents(
+            directory,
+            tts=tts,
+            tts_settings=settings.tts,
+            client=tool_client,
+            signing_secret=signing.get_secret_value().encode() if signing is not None else None,
+        )
+        if settings.warm_up:
+            models = {id(m): m for m in (stt, phone_stt)}.values()  # one warm-up per model
+            await asyncio.gather(
+                *(asyncio.to_thread(m.warm_up) for m in models),
+                *(asyncio.to_thread(voice.warm_up) for voice in agents.voices()),
+            )
         base_url = settings.llm.base_url
         if base_url is None:
             base_url = await stack.enter_async_context(running_simulator(settings.simulator))
@@ -102,7 +126,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await sessions.start()
         stack.push_async_callback(sessions.close)
         switchboard = Switchboard(
-            settings, stt=stt, phone_stt=phone_stt, router=router, tts=tts, sessions=sessions
+            settings,
+            stt=stt,
+            phone_stt=phone_stt,
+            router=router,
+            tts=tts,
+            sessions=sessions,
+            agents=agents,
+            call_control=CallControl(settings.call_control, tool_client),
         )
         if settings.experiment_file:
             await switchboard.experiments.save(load_experiment(settings.experiment_file))

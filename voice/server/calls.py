@@ -18,7 +18,10 @@ from pipeline.llm.client import ChatMessage
 from pipeline.llm.routing import Policy, TierRouter
 from pipeline.records import TurnRecord
 from pipeline.services import SpeechRecognizer, SpeechSynthesizer
+from pipeline.tools import CallAction, EndCall, SendDigits, Transfer
 from pipeline.transport import Transport
+from voice.agents.runtime import Agents, ReadyAgent
+from voice.agents.transfer import CallControl, CallControlError
 from voice.cluster.records import RegisteredCall
 from voice.cluster.registry import CallRegistry
 from voice.experiments.arms import ExperimentStore
@@ -48,6 +51,8 @@ class CallRecord:
     end_reason: str | None
     records: tuple[TurnRecord, ...]
     history: tuple[ChatMessage, ...]
+    transfer: dict[str, str] | None = None  # where the caller was put through: to, reason, summary
+    agent: str = "default"  # the agent that answered
 
     @property
     def state(self) -> str:
@@ -67,13 +72,15 @@ class CallRecord:
             "experiment": self.experiment,
             "arm": self.arm,
             "end_reason": self.end_reason,
+            "transfer": self.transfer,
+            "agent": self.agent,
         }
 
     def detail(self) -> dict[str, object]:
         return {
             **self.summary(),
             "records": [record.to_dict() for record in self.records],
-            "history": [{"role": m.role, "content": m.content} for m in self.history],
+            "history": [_message(m) for m in self.history],
         }
 
 
@@ -92,6 +99,8 @@ class Call:
     experiment: str | None = None
     arm: str | None = None
     task: asyncio.Task[None] | None = None
+    transfer: dict[str, str] | None = None  # set when the agent puts the caller through
+    agent: ReadyAgent | None = None
 
     @property
     def state(self) -> str:
@@ -113,6 +122,8 @@ class Call:
             conversation.end_reason,
             tuple(conversation.records),
             tuple(conversation.history),
+            self.transfer,
+            self.agent.name if self.agent is not None else "default",
         )
 
     def summary(self) -> dict[str, object]:
@@ -120,6 +131,19 @@ class Call:
 
     def detail(self) -> dict[str, object]:
         return self.record().detail()
+
+
+def _message(message: ChatMessage) -> dict[str, object]:
+    """A history message for the calls API: role and content, and a tool call's or result's
+    ids and arguments."""
+    out: dict[str, object] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
 
 
 class CallsFull(Exception):
@@ -151,8 +175,14 @@ class Switchboard:
         router: TierRouter,
         tts: SpeechSynthesizer,
         sessions: CallRegistry,
+        agents: Agents | None = None,
+        call_control: CallControl | None = None,
     ) -> None:
+        """`agents`: who answers which call (None: the built-in agent, `tts`'s voice);
+        `call_control`: Telnyx's and Vonage's REST APIs, to transfer calls and press keys."""
         self.settings = settings
+        self.agents = agents
+        self.call_control = call_control
         self.sessions = sessions
         self.experiments = ExperimentStore(sessions.redis, sessions.settings.key_prefix)
         self.stt = stt
@@ -222,30 +252,61 @@ class Switchboard:
         caller: str | None = None,
         callee: str | None = None,
     ) -> Call:
-        """Run a conversation over `transport` until the call ends."""
+        """Run a conversation over `transport` until the call ends, with the agent the call
+        reaches (its instructions, greeting, voice, policy and tools)."""
         experiment, arm, policy = self._arms.pop(call_id, (None, None, self.settings.policy))
+        ready = self.agents.for_call(kind, callee) if self.agents is not None else None
+        agent = ready.agent if ready is not None else None
+        if agent is not None and agent.policy is not None and arm is None:
+            policy = agent.policy  # an experiment's arm still wins: it is what is measured
+        toolbox = ready.toolbox if ready is not None else None
+        llm = self.router.for_call(
+            policy,
+            experiment,
+            arm,
+            instructions=agent.instructions if agent is not None else None,
+            tools=toolbox.specs() if toolbox is not None else (),
+        )
+        conversation_settings = self.settings.conversation
+        if agent is not None and agent.greeting is not None:
+            conversation_settings = conversation_settings.model_copy(
+                update={"greeting": agent.greeting}
+            )
         conversation = Conversation(
             call_id,
             transport,
             stt=self.stt if kind == "webrtc" else self.phone_stt,
-            llm=self.router.for_call(policy, experiment, arm),
-            tts=self.tts,
-            settings=self.settings.conversation,
+            llm=llm,
+            tts=ready.tts if ready is not None else self.tts,
+            settings=conversation_settings,
             turn_settings=self.settings.turns,
             sentence_settings=self.settings.sentences,
             on_turn=lambda record: self._on_turn(call_id, record),
             on_key=lambda digit: self._on_key(call_id, digit),
             on_event=lambda event: self._on_event(call_id, event),
+            tools=toolbox,
+            tool_settings=ready.tool_settings if ready is not None else None,
+            on_action=lambda action: self._act(call_id, action),
+            caller=caller,
+            callee=callee,
         )
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
-        call.experiment, call.arm = experiment, arm
+        call.experiment, call.arm, call.agent = experiment, arm, ready
         self.active[call.call_id] = call
         self._idle.clear()
         metrics.ADMITTED.labels(transport=kind).inc()
         metrics.ACTIVE_CALLS.set(len(self.active))
         call.task = asyncio.create_task(self._run(call, transport), name=f"call-{call.call_id}")
         in_arm = f", experiment {experiment} arm {arm}" if experiment else ""
-        log.info("call %s: admitted (%s%s), %d active", call_id, kind, in_arm, len(self.active))
+        name = ready.name if ready is not None else "default"
+        log.info(
+            "call %s: admitted (%s, agent %s%s), %d active",
+            call_id,
+            kind,
+            name,
+            in_arm,
+            len(self.active),
+        )
         return call
 
     async def _run(self, call: Call, transport: Transport) -> None:
@@ -267,15 +328,87 @@ class Switchboard:
             log.info("call %s: ended, %d active", call.call_id, len(self.active))
 
     def _on_key(self, call_id: str, digit: str) -> bool:
-        """Keys the switchboard handles itself; the rest go to the conversation."""
+        """Keys the switchboard handles itself; the rest go to the conversation. The person
+        key says the human message, then puts the caller through to the agent's default
+        transfer target, as `transfer_to_human` does (with none, the call is only flagged)."""
         call = self.active.get(call_id)
         if call is None or digit != self.settings.telephony.human_digit:
             return False
         call.wants_human = True
         log.info("call %s: caller asked for a person", call.call_id)
         call.conversation.transport.send_event({"type": "human_requested"})
-        self._spawn(call.conversation.say(self.settings.telephony.human_message))
+        target = call.agent.transfer_target() if call.agent is not None else None
+        then = Transfer(target, reason="the caller pressed the person key") if target else None
+        self._spawn(call.conversation.say(self.settings.telephony.human_message, then=then))
         return True
+
+    async def _act(self, call_id: str, action: CallAction) -> None:
+        """What an agent's tool asked of the call, once the reply before it was heard."""
+        call = self.active.get(call_id)
+        if call is None:
+            return
+        transport = call.conversation.transport
+        if isinstance(action, EndCall):
+            transport.hang_up(f"ended by the agent: {action.reason}".rstrip(": "))
+        elif isinstance(action, Transfer):
+            await self._transfer(call, action)
+        elif isinstance(action, SendDigits):
+            control = self.call_control
+            if control is None or not control.supports(call.transport):
+                log.warning(
+                    "call %s: pressing keys is not supported on %s", call_id, call.transport
+                )
+                return
+            try:
+                await control.send_digits(call.transport, call_id, action.digits)
+            except CallControlError as exc:
+                log.error("call %s: the keys could not be pressed: %s", call_id, exc)
+
+    async def _transfer(self, call: Call, action: Transfer) -> None:
+        """Put the caller through to a person: recorded (here and in Redis, for whichever
+        worker the provider asks next), shown to the caller's screen, then the bot leaves the
+        call. Twilio: closing the stream makes Twilio ask /twilio/after-stream, which dials;
+        Telnyx and Vonage: their call control API transfers the call first (if it fails, the
+        caller is told and the call goes on with the bot)."""
+        if call.transport not in ("twilio", "webrtc"):
+            # Telnyx, Vonage: the provider's call control moves the caller; then the bot leaves.
+            control = self.call_control
+            failure = None
+            if control is None or not control.supports(call.transport):
+                failure = f"no {call.transport} call control credentials are configured"
+            else:
+                try:
+                    await control.transfer(call.transport, call.call_id, action)
+                except CallControlError as exc:
+                    failure = str(exc)
+            if failure is not None:
+                log.error("call %s: transfer failed: %s", call.call_id, failure)
+                await call.conversation.say(self.settings.telephony.transfer_failed_message)
+                return
+        call.transfer = {"to": action.target, "reason": action.reason, "summary": action.summary}
+        metrics.TRANSFERS.labels(transport=call.transport).inc()
+        self.sessions.update_call(call.call_id, transfer=call.transfer)
+        if not await self.sessions.flush(timeout_s=2.0):
+            log.warning("call %s: the transfer may not have reached Redis", call.call_id)
+        event: dict[str, object] = {
+            "type": "transfer",
+            "to": action.target,
+            "reason": action.reason,
+        }
+        call.conversation.transport.send_event(event)
+        self.sessions.publish(call.call_id, event)
+        log.info("call %s: transferred to %s (%s)", call.call_id, action.target, action.reason)
+        call.conversation.transport.hang_up(f"transferred to {action.target}")
+
+    async def transfer_of(self, call_id: str) -> dict[str, str] | None:
+        """Where the agent put `call_id` through, if it did: from this worker's calls, else
+        from Redis (the call may have run on another worker). RegistryUnavailable if Redis
+        cannot be read."""
+        local = self.get(call_id)
+        if local is not None and local.transfer is not None:
+            return local.transfer
+        found = await self.sessions.get_call(call_id)
+        return found[0].transfer if found is not None else None
 
     def _on_event(self, call_id: str, event: dict[str, object]) -> None:
         if event.get("type") == "speculation_discarded":

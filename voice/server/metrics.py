@@ -37,6 +37,18 @@ TURN_LATENCY = Histogram(
     ["part"],
     buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0),
 )
+TOOL_CALLS = Counter(
+    "hotline_tool_calls_total", "Tool calls the LLM made, by tool and outcome.", ["tool", "ok"]
+)
+TOOL_LATENCY = Histogram(
+    "hotline_tool_seconds",
+    "Time from a tool call's start to its result.",
+    ["tool"],
+    buckets=(0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3.0, 5.0, 10.0),
+)
+TRANSFERS = Counter(
+    "hotline_transfers_total", "Calls the agent put through to a person.", ["transport"]
+)
 
 
 def observe_turn(record: TurnRecord) -> None:
@@ -54,3 +66,9 @@ def observe_turn(record: TurnRecord) -> None:
     first_audio = record.timings_ms.get("first_audio")
     if record.budget_ms and first_audio is not None:
         BUDGET.labels(within=str(first_audio <= record.budget_ms).lower()).inc()
+    for call in record.tools:
+        name = str(call.get("name"))
+        TOOL_CALLS.labels(tool=name, ok=str(bool(call.get("ok"))).lower()).inc()
+        took = call.get("ms")
+        if isinstance(took, int | float):
+            TOOL_LATENCY.labels(tool=name).observe(took / 1e3)

@@ -18,6 +18,7 @@ from pipeline.sentences import SentenceSettings
 from pipeline.stt import STTSettings
 from pipeline.tts import TTSSettings
 from pipeline.turns import TurnSettings
+from voice.agents.transfer import CallControlSettings
 from voice.cluster.records import RegistrySettings
 from voice.llm_sim.simulator import SimulatorSettings
 
@@ -68,6 +69,22 @@ class TelephonySettings(BaseModel):
     human_digit: str = "0"
     human_message: str = "Sure, I will get a person for you. Please stay on the line."
     busy_message: str = "Sorry, all our lines are busy right now. Please call again later."
+    transfer_failed_message: str = "Sorry, I couldn't put you through right now."
+
+
+class AgentSettings(BaseModel):
+    """Who answers calls: agent files (voice/agents/, README "Agents and tools")."""
+
+    # A directory of agent YAML files, each mapping called numbers (and maybe the softphone
+    # page) to instructions, greeting, voice, policy, tools and transfer targets. Unset: one
+    # built-in agent with the settings above and no tools.
+    dir: str | None = None
+    # The agent for numbers no file claims (and the softphone, unless a file has webrtc: true);
+    # unset: the built-in agent.
+    default: str | None = None
+    # Key of the HMAC signature on every HTTP tool request (X-Hotline-Signature). Required when
+    # an agent declares HTTP tools; shared by every worker, so the tool can verify any of them.
+    signing_secret: SecretStr | None = None
 
 
 class WidebandSTTSettings(STTSettings):
@@ -117,6 +134,10 @@ class Settings(BaseSettings):
     conversation: ConversationSettings = Field(default_factory=ConversationSettings)
     webrtc: WebRTCSettings = Field(default_factory=WebRTCSettings)
     telephony: TelephonySettings = Field(default_factory=TelephonySettings)
+    agents: AgentSettings = Field(default_factory=AgentSettings)
+    # Telnyx and Vonage REST credentials: how an agent puts a call through to a person (or
+    # presses keys) on those providers. Twilio needs none (TwiML, /twilio/after-stream).
+    call_control: CallControlSettings = Field(default_factory=CallControlSettings)
     # Redis shared by every worker (HOTLINE_REDIS_URL); unset: an in-process store, one worker.
     redis_url: str | None = None
     sessions: RegistrySettings = Field(default_factory=RegistrySettings)

@@ -31,6 +31,8 @@ from voice.transports.phone.tokens import InvalidToken, StreamTokens
 from voice.transports.phone.twilio import (
     STREAM_TOKEN_PARAMETER,
     TwilioProtocol,
+    dial_twiml,
+    hangup_twiml,
     reject_twiml,
     signature_is_valid,
     stream_twiml,
@@ -58,9 +60,9 @@ def xml(body: str, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/xml")
 
 
-@phone_api.post("/twilio/voice")
-async def twilio_voice(request: Request) -> Response:
-    """Twilio's voice webhook: connect the call's audio to our media stream."""
+async def twilio_params(request: Request) -> dict[str, str] | Response:
+    """A Twilio webhook's form parameters, or the 403 answer when its signature is wrong (when
+    an auth token is configured)."""
     settings: Settings = request.app.state.settings
     body = await read_body(request, settings.max_body_bytes)
     params = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
@@ -71,13 +73,25 @@ async def twilio_voice(request: Request) -> Response:
         if not signature_is_valid(token.get_secret_value(), url, params, signature):
             log.warning("twilio webhook: bad or missing signature for %s", url)
             return xml("<Response/>", 403)
+    return params
+
+
+@phone_api.post("/twilio/voice")
+async def twilio_voice(request: Request) -> Response:
+    """Twilio's voice webhook: connect the call's audio to our media stream; when the stream
+    ends, Twilio asks /twilio/after-stream what next."""
+    settings: Settings = request.app.state.settings
+    params = await twilio_params(request)
+    if isinstance(params, Response):
+        return params
+    token = settings.telephony.twilio_auth_token
     board = switchboard(request)
     if board.full or board.draining:
         metrics.REFUSED.labels(transport="twilio", reason="webhook").inc()
         log.warning("twilio webhook: no line free, call %r rejected", params.get("CallSid"))
         return xml(reject_twiml(settings.telephony.busy_message))
-    stream_url = public_url(request, settings).split("?")[0].rsplit("/twilio/", 1)[0]
-    stream_url = websocket_url(stream_url)
+    base = public_url(request, settings).split("?")[0].rsplit("/twilio/", 1)[0]
+    stream_url = websocket_url(base)
     parameters = {
         key: params[name]
         for key, name in (("from", "From"), ("to", "To"), ("call_sid", "CallSid"))
@@ -92,7 +106,32 @@ async def twilio_voice(request: Request) -> Response:
         if not valid_call_id(call_sid):
             return error(400, "the webhook has no valid CallSid")
         parameters[STREAM_TOKEN_PARAMETER] = tokens.issue("twilio", call_sid)
-    return xml(stream_twiml(f"{stream_url}/twilio/stream", parameters))
+    action = f"{base}/twilio/after-stream"
+    return xml(stream_twiml(f"{stream_url}/twilio/stream", parameters, action))
+
+
+@phone_api.post("/twilio/after-stream")
+async def twilio_after_stream(request: Request) -> Response:
+    """`<Connect action>`: the bot's stream has ended. If the agent put the caller through to
+    a person, dial them (a SIP target gets the reason as an `X-Hotline-Reason` header); else
+    hang up."""
+    params = await twilio_params(request)
+    if isinstance(params, Response):
+        return params
+    call_sid = params.get("CallSid", "")
+    if not valid_call_id(call_sid):
+        log.warning("twilio after-stream: no valid CallSid")
+        return xml(hangup_twiml(), 400)
+    try:
+        transfer = await switchboard(request).transfer_of(call_sid)
+    except RegistryUnavailable:
+        log.error("twilio after-stream: call %s: Redis unreachable, hanging up", call_sid)
+        return xml(hangup_twiml())
+    if transfer is None:
+        return xml(hangup_twiml())
+    log.info("call %s: Twilio puts the caller through to %s", call_sid, transfer["to"])
+    reason = {"X-Hotline-Reason": transfer.get("reason", "")[:200]}
+    return xml(dial_twiml(transfer["to"], reason if transfer.get("reason") else None))
 
 
 @phone_api.post("/phone/stream-token", dependencies=[Depends(require_token)])

@@ -20,6 +20,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 from voice.transports.phone.json_media import JsonMediaProtocol
 from voice.transports.phone.wire import text_field
@@ -88,13 +89,43 @@ def xml_safe(text: str) -> str:
     return _NOT_XML_SAFE.sub("", text)
 
 
-def stream_twiml(stream_url: str, parameters: Mapping[str, str]) -> str:
-    """Answer a call by connecting it to a bidirectional stream, carrying `parameters`."""
+def stream_twiml(
+    stream_url: str, parameters: Mapping[str, str], action_url: str | None = None
+) -> str:
+    """Answer a call by connecting it to a bidirectional stream, carrying `parameters`. With
+    `action_url`, Twilio asks that URL what to do next when the stream ends (`<Connect
+    action>`): put the caller through to a person (`dial_twiml`), or hang up."""
     response = ET.Element("Response")
     url = xml_safe(stream_url)
-    stream = ET.SubElement(ET.SubElement(response, "Connect"), "Stream", url=url)
+    connect = ET.SubElement(response, "Connect")
+    if action_url is not None:
+        connect.set("action", xml_safe(action_url))
+    stream = ET.SubElement(connect, "Stream", url=url)
     for name, value in parameters.items():
         ET.SubElement(stream, "Parameter", name=xml_safe(name), value=xml_safe(value))
+    return _twiml(response)
+
+
+def dial_twiml(target: str, headers: Mapping[str, str] | None = None) -> str:
+    """Put the caller through to `target`: a phone number (`<Dial><Number>`) or a SIP URI
+    (`<Dial><Sip>`, `headers` passed as Twilio's custom `X-` SIP headers in the URI)."""
+    response = ET.Element("Response")
+    dial = ET.SubElement(response, "Dial")
+    if target.startswith(("sip:", "sips:")):
+        query = "&".join(
+            f"{quote(name, safe='-')}={quote(value, safe='')}"
+            for name, value in (headers or {}).items()
+        )
+        uri = f"{target}{'&' if '?' in target else '?'}{query}" if query else target
+        ET.SubElement(dial, "Sip").text = xml_safe(uri)
+    else:
+        ET.SubElement(dial, "Number").text = xml_safe(target)
+    return _twiml(response)
+
+
+def hangup_twiml() -> str:
+    response = ET.Element("Response")
+    ET.SubElement(response, "Hangup")
     return _twiml(response)
 
 

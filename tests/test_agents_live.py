@@ -1,0 +1,225 @@
+"""Agents on live phone calls: a real `hotline serve` with agent files, the faithful Twilio
+caller speaking real speech, the tier simulator calling tools, and the operator's order service
+as a real signed HTTP endpoint on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from pipeline.stt import SpeechToText
+from tests.support.server import Server, free_port, start_server, stop_server
+from tests.support.speech import concat, piper, silence
+from voice.agents.http_tools import SIGNATURE_HEADER, verify
+from voice.devtools.twilio_call import place_twilio_call
+from voice.devtools.webrtc_caller import place_call
+
+pytestmark = pytest.mark.slow
+
+SECRET = "agents-live-signing-secret-5f2a"
+RECEPTIONIST = "+15551230000"  # deploy/agents/receptionist.yaml
+FRONT_DESK = "+15551230001"
+ORDERS = "+15559870001"  # the order line below, served by the endpoint
+SLOW_ORDERS = "+15559870002"  # the same tool, from a service that never answers
+
+
+@dataclass
+class OrderService:
+    """The operator's order-status service: checks Hotline's signature, answers per path."""
+
+    port: int = field(default_factory=free_port)
+    received: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+    def app(self) -> Starlette:
+        async def status(request: Request) -> Response:
+            raw = await request.body()
+            if not verify(
+                SECRET.encode(), request.headers.get(SIGNATURE_HEADER, ""), raw, time.time()
+            ):
+                self.refused.append(request.url.path)
+                return JSONResponse({"error": "bad signature"}, status_code=401)
+            body = json.loads(raw)
+            self.received.append(body)
+            if request.url.path == "/slow":
+                await asyncio.Event().wait()  # never answers: Hotline's timeout ends it
+            number = body["arguments"].get("order_number", "")
+            return JSONResponse({"order": number, "status": "shipped", "eta": "Friday"})
+
+        return Starlette(routes=[Route("/{path}", status, methods=["POST"])])
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}"
+
+
+def order_agent(name: str, number: str, url: str, timeout_s: float) -> str:
+    return f"""
+name: {name}
+numbers: ["{number}"]
+instructions: You answer questions about orders.
+builtin_tools: [end_call]
+tools:
+  - name: order_status
+    description: Look up an order by its number
+    parameters:
+      type: object
+      properties: {{order_number: {{type: string}}}}
+      required: [order_number]
+    url: {url}
+    timeout_s: {timeout_s}
+holding: {{phrase: "One moment, please.", after_ms: 400}}
+"""
+
+
+@pytest.fixture(scope="module")
+def orders() -> Iterator[OrderService]:
+    service = OrderService()
+    config = uvicorn.Config(service.app(), host="127.0.0.1", port=service.port, log_config=None)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "the order service did not start"
+        time.sleep(0.02)
+    yield service
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def agents_server(
+    orders: OrderService, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    directory = tmp_path_factory.mktemp("agents")
+    shutil.copy(Path("deploy/agents/receptionist.yaml"), directory)
+    (directory / "orders.yaml").write_text(
+        order_agent("orders", ORDERS, orders.url("status"), 5.0), encoding="utf-8"
+    )
+    (directory / "slow-orders.yaml").write_text(
+        order_agent("slow-orders", SLOW_ORDERS, orders.url("slow"), 0.5), encoding="utf-8"
+    )
+    running = start_server(
+        {"HOTLINE_AGENTS__DIR": str(directory), "HOTLINE_AGENTS__SIGNING_SECRET": SECRET}
+    )
+    yield running
+    stop_server(running)
+
+
+def utterance(text: str) -> np.ndarray:
+    return concat(silence(300), piper(text), silence(200))
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def detail(server: Server, call_id: str) -> dict[str, Any]:
+    response = httpx.get(f"{server.url}/calls/{call_id}", timeout=10)
+    response.raise_for_status()
+    found: dict[str, Any] = response.json()
+    return found
+
+
+async def test_asking_for_a_person_puts_the_caller_through(agents_server: Server) -> None:
+    result = await place_twilio_call(
+        agents_server.url,
+        [utterance("Can you transfer me to a person, please?")],
+        parameters={"to": RECEPTIONIST},
+        quiet_s=2.0,
+    )
+    assert result.rejected is None and not result.violations
+    # The bot said so, the stream ended, and Twilio's <Connect action> was told to dial.
+    assert result.after_stream == "Dial"
+    assert result.transferred_to == FRONT_DESK
+    call = detail(agents_server, result.call_id)
+    assert call["agent"] == "receptionist"
+    assert call["transfer"]["to"] == FRONT_DESK
+    [record] = call["records"]
+    assert [tool["name"] for tool in record["tools"]] == ["transfer_to_human"]
+    heard = SpeechToText.shared().transcribe_blocking(result.reply_audio).text
+    assert {"putting", "through"} <= words(heard), heard
+
+
+async def test_an_order_question_calls_the_order_service_and_speaks_its_answer(
+    agents_server: Server, orders: OrderService
+) -> None:
+    before = len(orders.received)
+    result = await place_twilio_call(
+        agents_server.url,
+        [utterance("Where is my order, number four five one two?")],
+        parameters={"to": ORDERS},
+        quiet_s=2.0,
+    )
+    assert result.rejected is None and result.transferred_to is None
+    [request] = orders.received[before:]
+    assert request["tool"] == "order_status" and request["call_id"] == result.call_id
+    assert request["arguments"] == {"order_number": "4512"}
+    assert not orders.refused
+    heard = SpeechToText.shared().transcribe_blocking(result.reply_audio).text
+    assert {"shipped", "friday"} <= words(heard), heard
+    [record] = detail(agents_server, result.call_id)["records"]
+    assert record["tools"][0]["ok"] is True
+
+
+async def test_a_tool_that_times_out_gets_an_apology_not_a_dead_call(
+    agents_server: Server, orders: OrderService
+) -> None:
+    result = await place_twilio_call(
+        agents_server.url,
+        [utterance("Where is my order, number four five one two?")],
+        parameters={"to": SLOW_ORDERS},
+        quiet_s=2.0,
+    )
+    assert result.rejected is None
+    heard = SpeechToText.shared().transcribe_blocking(result.reply_audio).text
+    assert "sorry" in words(heard), heard
+    [record] = detail(agents_server, result.call_id)["records"]
+    assert record["tools"][0]["ok"] is False
+    assert "did not answer" in record["tools"][0]["output"]
+
+
+async def test_the_person_key_puts_the_caller_through_the_same_way(agents_server: Server) -> None:
+    result = await place_twilio_call(
+        agents_server.url,
+        [utterance("Hello, I have a question.")],
+        parameters={"to": RECEPTIONIST},
+        dtmf="0",
+        quiet_s=2.0,
+        linger_s=20.0,  # on the line until the bot has said so and leaves
+    )
+    assert result.transferred_to == FRONT_DESK
+    call = detail(agents_server, result.call_id)
+    assert call["wants_human"] is True
+    assert call["transfer"]["reason"] == "the caller pressed the person key"
+
+
+async def test_a_softphone_caller_sees_where_the_call_went(agents_server: Server) -> None:
+    """WebRTC reaches the agent with `webrtc: true` (the receptionist); a transfer is shown to
+    the softphone as an event and kept in the call record."""
+    result = await place_call(
+        agents_server.url, [utterance("Can you transfer me to a person, please?")], quiet_s=2.0
+    )
+    transfers = [e for e in result.events if e.get("type") == "transfer"]
+    assert [e["to"] for e in transfers] == [FRONT_DESK]
+    call = detail(agents_server, result.call_id)
+    assert call["transport"] == "webrtc" and call["agent"] == "receptionist"
+    assert call["transfer"]["to"] == FRONT_DESK
+    assert call["transfer"]["summary"]  # a warm transfer: the person gets the gist

@@ -1,0 +1,211 @@
+"""Tool calls inside a turn, on scripted timelines (tests/support/conversation.py): the calls a
+reply asks for run at once, the turn goes on with their results, a holding phrase fills a long
+wait, barge-in cancels what is running, and what a tool asks of the call waits until the reply
+before it has been heard. The history keeps every call with its result."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from pipeline.conversation import Conversation, ConversationSettings
+from pipeline.tool_turns import INTERRUPTED, NOT_DONE, ToolSettings
+from pipeline.tools import CallAction, EndCall, ToolCall
+from pipeline.transport import HangUp, InboundEvent
+from tests.support.conversation import (
+    PhoneLine,
+    ScriptedLLM,
+    ScriptedSTT,
+    ScriptedToolbox,
+    ToneTTS,
+    speak,
+    utterance,
+)
+from tests.support.speech import silence
+
+ORDER = ToolCall("call_1", "order_status", '{"order_number": "4512"}')
+QUIET = ConversationSettings(speculate=False)
+
+
+def conversation(
+    line: PhoneLine,
+    llm: ScriptedLLM,
+    tools: ScriptedToolbox,
+    texts: list[str],
+    tool_settings: ToolSettings | None = None,
+    on_action: Callable[[CallAction], Awaitable[None]] | None = None,
+) -> Conversation:
+    return Conversation(
+        "c1",
+        line,
+        stt=ScriptedSTT(texts),
+        llm=llm,
+        tts=ToneTTS(),
+        settings=QUIET,
+        tools=tools,
+        tool_settings=tool_settings,
+        on_action=on_action,
+        caller="+15550001",
+        callee="+15550002",
+    )
+
+
+async def one_turn(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+    async for event in speak(utterance("Where is my order four five one two")):
+        yield event
+    while line.queued_samples == 0 or line.played_samples < line.queued_samples:
+        await line.reached(max(line.queued_samples, 1))  # hear everything, then hang up
+    async for event in speak(silence(300)):
+        yield event
+    yield HangUp("caller hung up")
+
+
+async def test_a_reply_calls_a_tool_and_the_same_turn_speaks_its_result() -> None:
+    line = PhoneLine()
+    output = json.dumps({"order": "4512", "status": "shipped"})
+    llm = ScriptedLLM([("Let me look that up.", [ORDER]), "Order 4512 has shipped."])
+    tools = ScriptedToolbox({"order_status": output})
+    call = conversation(line, llm, tools, ["where is order 4512"])
+    line.script = one_turn
+    await call.run()
+
+    [record] = call.records
+    assert record.reply_text == "Let me look that up. Order 4512 has shipped."
+    assert [row["name"] for row in record.tools] == ["order_status"]
+    assert record.tools[0]["ok"] is True and record.tools[0]["output"] == output
+    assert record.tools_ms is not None and record.tools_ms > 0
+    # The second request of the turn carried the call and its result.
+    second = llm.requests[1]
+    assert second[-2].role == "assistant" and second[-2].tool_calls == (ORDER,)
+    assert second[-1].role == "tool" and second[-1].tool_call_id == "call_1"
+    assert second[-1].content == output
+    # The history: the caller's words, the call (with what was heard before it), its result,
+    # then what the caller heard after it.
+    assert [(m.role, m.content) for m in call.history] == [
+        ("user", "where is order 4512"),
+        ("assistant", "Let me look that up."),
+        ("tool", output),
+        ("assistant", "Order 4512 has shipped."),
+    ]
+    assert call.history[1].tool_calls == (ORDER,)
+    # The tool saw the call it runs in.
+    [(_, context)] = tools.started
+    assert context.call_id == "c1" and context.caller == "+15550001"
+    assert context.transcript[-1] == ("user", "where is order 4512")
+    # The request after the tools was planned as if they had taken no time.
+    assert abs((llm.zeros[1] - llm.zeros[0]) * 1e3 - record.tools_ms) < 1.0
+    kinds = [e["type"] for e in line.events]
+    assert kinds.index("tool_call") < kinds.index("tool_result")
+    # The controller is not taught a first audio that waited on tools ... unless it did not.
+    assert "first_audio" in (llm.streams[0].finished_with or {})
+
+
+async def test_a_slow_tool_is_covered_by_the_holding_phrase_and_a_fast_one_is_not() -> None:
+    slow = ToolSettings(holding_phrase="One moment, please.", hold_after_ms=100)
+    for delay, held in ((0.6, True), (0.02, False)):
+        line = PhoneLine()
+        llm = ScriptedLLM([("", [ORDER]), "It has shipped."])
+        tools = ScriptedToolbox({"order_status": "{}"}, delay_s={"order_status": delay})
+        call = conversation(line, llm, tools, ["where is order 4512"], slow)
+        line.script = one_turn
+        await call.run()
+        [record] = call.records
+        expected = "One moment, please. It has shipped." if held else "It has shipped."
+        assert record.reply_text == expected
+        # First audio waited on the tool: the controller learns the LLM's part only.
+        assert "first_audio" not in (llm.streams[0].finished_with or {})
+        assert "first_audio" in record.timings_ms
+
+
+async def test_parallel_calls_run_at_once_and_each_result_is_kept() -> None:
+    line = PhoneLine()
+    calls = [
+        ToolCall("call_a", "order_status", '{"order_number": "4512"}'),
+        ToolCall("call_b", "order_status", '{"order_number": "7781"}'),
+    ]
+    llm = ScriptedLLM([("Let me check both.", calls), "Both have shipped."])
+    tools = ScriptedToolbox({"order_status": '{"status": "shipped"}'}, {"order_status": 0.3})
+    call = conversation(line, llm, tools, ["orders 4512 and 7781"])
+    line.script = one_turn
+    await call.run()
+
+    [record] = call.records
+    assert [row["arguments"] for row in record.tools] == [c.arguments for c in calls]
+    # Both ran at once: the round took less than the two tools one after the other.
+    assert record.tools_ms is not None and record.tools_ms < 2 * 300
+    assert [m.tool_call_id for m in call.history if m.role == "tool"] == ["call_a", "call_b"]
+
+
+async def test_barge_in_during_a_tool_cancels_it_and_the_history_says_so() -> None:
+    line = PhoneLine()
+    llm = ScriptedLLM([("", [ORDER]), "Sure, what else?", "Goodbye then."])
+    tools = ScriptedToolbox({"order_status": "{}"}, delay_s={"order_status": None})
+    no_holding = ToolSettings(holding_phrase="")
+    call = conversation(line, llm, tools, ["where is order 4512", "never mind"], no_holding)
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        async for event in speak(utterance("Where is my order four five one two")):
+            yield event
+        await tools.running.wait()  # the tool never answers; the caller speaks over the wait
+        async for event in speak(utterance("Never mind")):
+            yield event
+        while line.queued_samples == 0 or line.played_samples < line.queued_samples:
+            await line.reached(max(line.queued_samples, 1))
+        yield HangUp("caller hung up")
+
+    line.script = caller
+    await call.run()
+
+    assert tools.cancelled == ["call_1"]
+    first = call.records[0]
+    assert first.tools[0]["ok"] is False and INTERRUPTED in str(first.tools[0]["output"])
+    # The provider would refuse a call without a result: the next request carries both.
+    nxt = llm.requests[1]
+    roles = [m.role for m in nxt]
+    assert roles == ["user", "assistant", "tool", "user"]
+    assert INTERRUPTED in nxt[2].content and nxt[2].tool_call_id == "call_1"
+
+
+async def test_an_action_waits_for_the_reply_to_be_heard_and_is_dropped_if_cut_off() -> None:
+    line = PhoneLine()
+    bye = ToolCall("call_9", "end_call", '{"reason": "done"}')
+    llm = ScriptedLLM([("", [bye]), "Thank you for calling. Goodbye."])
+    tools = ScriptedToolbox({"end_call": '{"status": "ending"}'}, actions={"end_call": EndCall()})
+    actions: list[CallAction] = []
+    heard_when: list[tuple[int, int]] = []
+
+    async def act(action: CallAction) -> None:
+        heard_when.append((line.played_samples, line.queued_samples))
+        actions.append(action)
+
+    call = conversation(line, llm, tools, ["that's all, bye"], on_action=act)
+    line.script = one_turn
+    await call.run()
+    assert actions == [EndCall()]
+    played, queued = heard_when[0]
+    assert queued > 0 and played >= queued  # the goodbye had been heard in full
+
+    # Cut off before the goodbye is heard: no hang-up, and the history says it was not done.
+    line = PhoneLine()
+    llm = ScriptedLLM(
+        [("", [bye]), "Thank you for calling and have a lovely day. Goodbye.", "Okay."]
+    )
+    actions.clear()
+    call = conversation(line, llm, tools, ["that's all, bye", "wait"], on_action=act)
+
+    async def interrupts(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        async for event in speak(utterance("That's all, bye")):
+            yield event
+        while line.queued_samples == 0:
+            await line.reached(1)
+        async for event in speak(utterance("Wait")):
+            yield event
+        while line.played_samples < line.queued_samples:
+            await line.reached(line.queued_samples)
+        yield HangUp("caller hung up")
+
+    line.script = interrupts
+    await call.run()
+    assert actions == []
+    tool_messages = [m for m in call.history if m.role == "tool"]
+    assert NOT_DONE in tool_messages[0].content
