@@ -441,3 +441,12 @@ def test_field_path() -> None:
     assert field_path(("tools", 0, "headers", "Authorization")) == "tools[0].headers.Authorization"
     assert field_path((0,)) == "[0]"
     assert field_path(()) == ""
+
+
+def test_a_number_written_without_plus_reaches_its_agent(tmp_path: Path) -> None:
+    """Vonage writes numbers as E.164 without the "+"."""
+    (tmp_path / "a.yaml").write_text('name: a\nnumbers: ["+447700900001"]\n', encoding="utf-8")
+    agents = load_agents(tmp_path)
+    assert agents.for_number("447700900001").name == "a"
+    assert agents.for_number("+44 7700 900001").name == "a"
+    assert agents.for_number("447700900002").name == "default"

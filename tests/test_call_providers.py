@@ -13,21 +13,19 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
 import httpx
-import numpy as np
 import pytest
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.support.providers import PCM, Heard, Message, TelnyxWire, TwilioWire, VonageWire, Wire
+from tests.support.provider_phone import TestPhone
+from tests.support.providers import PCM, TelnyxWire, TwilioWire, VonageWire, Wire
 from tests.support.server import Server
 from tests.support.speech import concat, espeak, silence
-from voice.devtools.turns import voiced_span
 
 pytestmark = pytest.mark.slow
 
@@ -52,145 +50,6 @@ WIRES: dict[str, Callable[[], Wire]] = {
     "telnyx": TelnyxWire,
     "vonage": VonageWire,
 }
-
-
-# -- the test phone --------------------------------------------------------------------------
-
-
-@dataclass
-class Spoken:
-    """When an utterance's speech went out (monotonic send times of its first/last voiced
-    frames; `end` is after the last one)."""
-
-    onset: float
-    end: float
-
-
-@dataclass
-class _Utterance:
-    frames: list[PCM]
-    first: int
-    last: int
-    done: asyncio.Future[Spoken]
-    sent: list[float] = field(default_factory=list)
-
-
-class TestPhone:
-    """The provider's side of one media websocket, scripted by the test."""
-
-    __test__ = False  # not a test class
-
-    def __init__(self, socket: ClientConnection, wire: Wire) -> None:
-        self.socket = socket
-        self.wire = wire
-        self.heard: list[Heard] = []
-        self.echoed: list[tuple[float, str]] = []
-        self.closed = asyncio.Event()
-        self._changed = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self._mic: list[_Utterance] = []
-        self._stopped = False
-        self._tasks: list[asyncio.Task[None]] = []
-
-    async def send(self, build: Callable[[], Message | None]) -> None:
-        """Build and send one message; built under the lock so sequence numbers stay in order."""
-        async with self._lock:
-            if self._stopped:
-                return
-            message = build()
-            if message is not None:
-                await self.socket.send(message)
-
-    @contextlib.asynccontextmanager
-    async def call(self, hang_up: bool = True) -> AsyncIterator[TestPhone]:
-        """Open the stream, run the clock and the ear; on exit hang up as the provider does
-        (unless `hang_up` is False: then the socket just closes) if still connected."""
-        for message in self.wire.opening():
-            await self.socket.send(message)
-        self._tasks = [asyncio.create_task(self._clock()), asyncio.create_task(self._listen())]
-        try:
-            yield self
-        finally:
-            with contextlib.suppress(ConnectionClosed):
-                if hang_up:
-                    await self.send(self.wire.hang_up)
-                self._stopped = True
-                await self.socket.close()
-            for task in self._tasks:
-                task.cancel()
-            results = await asyncio.gather(*self._tasks, return_exceptions=True)
-            for result in results:
-                if isinstance(result, Exception):
-                    raise result
-
-    def say(self, pcm: PCM) -> asyncio.Future[Spoken]:
-        """Queue an utterance (16 kHz) on the microphone."""
-        first, last = voiced_span(pcm)
-        done: asyncio.Future[Spoken] = asyncio.get_running_loop().create_future()
-        self._mic.append(_Utterance(self.wire.wire_frames(pcm), first, last, done))
-        return done
-
-    async def _clock(self) -> None:
-        """One frame every 20 ms of the absolute clock: the microphone, else silence."""
-        start = time.monotonic()
-        tick = 0
-        silent = np.zeros(self.wire.frame_samples, dtype=np.int16)
-        with contextlib.suppress(ConnectionClosed):
-            while not self._stopped:
-                delay = start + tick * _FRAME_S - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tick += 1
-                frame = silent
-                if self._mic:
-                    spoken = self._mic[0]
-                    frame = spoken.frames[len(spoken.sent)]
-                    spoken.sent.append(time.monotonic())
-                    if len(spoken.sent) == len(spoken.frames):
-                        self._mic.pop(0)
-                        onset, last = spoken.sent[spoken.first], spoken.sent[spoken.last]
-                        spoken.done.set_result(Spoken(onset, last + _FRAME_S))
-                await self.send(lambda frame=frame: self.wire.media(frame))
-
-    async def _listen(self) -> None:
-        try:
-            async for raw in self.socket:
-                heard = self.wire.read(raw, time.monotonic())
-                self.heard.append(heard)
-                if heard.kind == "mark":
-                    await self.send(lambda name=heard.name: self.wire.echo(name))
-                    self.echoed.append((time.monotonic(), heard.name))
-                elif heard.kind == "clear":
-                    for message in self.wire.on_clear():
-                        await self.send(lambda message=message: message)
-                self._notify()
-        except ConnectionClosed:
-            pass
-        finally:
-            self.closed.set()
-            self._notify()
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def wait(self, what: str, test: Callable[[Heard], bool], within_s: float) -> Heard:
-        """The first message heard that passes `test` (already heard, or the next one)."""
-        try:
-            async with asyncio.timeout(within_s):
-                while True:
-                    changed = self._changed
-                    found = next((h for h in self.heard if test(h)), None)
-                    if found is not None:
-                        return found
-                    if self.closed.is_set():
-                        raise AssertionError(f"the socket closed before {what}")
-                    await changed.wait()
-        except TimeoutError:
-            raise AssertionError(f"no {what} within {within_s:.0f} s") from None
-
-    def after(self, kind: str, at: float) -> list[Heard]:
-        return [h for h in self.heard if h.kind == kind and h.at > at]
 
 
 # -- the server's side -----------------------------------------------------------------------

@@ -6,22 +6,24 @@ before it has been heard. The history keeps every call with its result."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from pipeline.conversation import Conversation, ConversationSettings
+from pipeline.llm.client import ChatMessage
 from pipeline.tool_turns import INTERRUPTED, NOT_DONE, ToolSettings
 from pipeline.tools import CallAction, EndCall, ToolCall
 from pipeline.transport import HangUp, InboundEvent
 from tests.support.conversation import (
     PhoneLine,
     ScriptedLLM,
+    ScriptedReply,
     ScriptedSTT,
     ScriptedToolbox,
     ToneTTS,
     speak,
     utterance,
 )
-from tests.support.speech import silence
+from tests.support.speech import concat, espeak, silence
 
 ORDER = ToolCall("call_1", "order_status", '{"order_number": "4512"}')
 QUIET = ConversationSettings(speculate=False)
@@ -209,3 +211,49 @@ async def test_an_action_waits_for_the_reply_to_be_heard_and_is_dropped_if_cut_o
     assert actions == []
     tool_messages = [m for m in call.history if m.role == "tool"]
     assert NOT_DONE in tool_messages[0].content
+
+
+class OrderLLM(ScriptedLLM):
+    """Asks for the order tool for any caller words, then speaks the tool's answer."""
+
+    def __init__(self) -> None:
+        super().__init__([], ttft_s=[], tokens_per_s=200)
+
+    def reply(self, history: Sequence[ChatMessage], zero: float) -> ScriptedReply:
+        last = history[-1]
+        self.replies.append("It has shipped." if last.role == "tool" else ("", [ORDER]))
+        self.ttft_s.append(0.02)
+        return super().reply(history, zero)
+
+
+async def test_a_speculative_reply_runs_no_tool_before_the_turn_has_ended() -> None:
+    """Tools act on the world: the reply begun at the caller's pause asks for one at once, but
+    it may run only once the turn has really ended there; the caller went on speaking."""
+    line = PhoneLine()
+    llm = OrderLLM()
+    final = "where is my order for the blue shoes"
+    stt = ScriptedSTT(["where is my order", *[final] * 6], delay_s=0.02)
+    tools = ScriptedToolbox({"order_status": "{}"})
+    call = Conversation(
+        "c1", line, stt=stt, llm=llm, tts=ToneTTS(), tools=tools, caller="+15550001"
+    )
+    speech = concat(
+        silence(200), espeak("Where is my order"), silence(150), espeak("for the blue shoes")
+    )
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        async for event in speak(concat(speech, silence(700))):
+            yield event
+        while line.queued_samples == 0 or line.played_samples < line.queued_samples:
+            await line.reached(max(line.queued_samples, 1))
+        yield HangUp("caller hung up")
+
+    line.script = caller
+    await call.run()
+
+    # The pause was answered speculatively (a request for the first words)...
+    assert llm.requests[0][-1].content == "where is my order"
+    # ...but its tool never ran: every call that ran was for the whole turn.
+    assert tools.started and all(ctx.transcript[-1] == ("user", final) for _, ctx in tools.started)
+    [record] = call.records
+    assert record.caller_text == final and record.reply_text == "It has shipped."

@@ -14,6 +14,7 @@ from voice.audio import mulaw_decode, mulaw_encode
 from voice.transports.phone.telnyx import REORDER_WINDOW, TelnyxProtocol
 from voice.transports.phone.twilio import (
     TwilioProtocol,
+    dial_twiml,
     reject_twiml,
     signature_is_valid,
     stream_twiml,
@@ -600,3 +601,18 @@ def test_vonage_rejects_audio_before_connected_and_8khz_legs() -> None:
         VonageProtocol().parse(
             json.dumps({**VONAGE_CONNECTED, "content-type": "audio/l16;rate=8000"})
         )
+
+
+def test_dial_twiml_puts_the_caller_through_to_a_number_or_a_sip_uri_with_headers() -> None:
+    number = ET.fromstring(dial_twiml("+15551230001"))
+    assert [(v.tag, [(c.tag, c.text) for c in v]) for v in number] == [
+        ("Dial", [("Number", "+15551230001")])
+    ]
+    headers = {"X-Hotline-Reason": "wants billing & more", "X-Hotline-Summary": "a=b?c"}
+    sip = ET.fromstring(dial_twiml("sip:billing@pbx.example.com", headers))
+    uri = sip.findtext("Dial/Sip")
+    assert uri == (
+        "sip:billing@pbx.example.com?X-Hotline-Reason=wants%20billing%20%26%20more"
+        "&X-Hotline-Summary=a%3Db%3Fc"
+    )
+    assert sip.find("Dial/Number") is None

@@ -54,10 +54,14 @@ class AgentDirectory:
         return self.agents.get(name)
 
     def for_number(self, callee: str | None) -> Agent:
-        """The agent answering ``callee`` (E.164; spaces and dashes ignored), else the default."""
+        """The agent answering ``callee`` (E.164; spaces and dashes ignored, and the "+" may be
+        missing, as Vonage writes numbers), else the default."""
         if callee is None:
             return self.default
-        return self._by_number.get(normalise_number(callee), self.default)
+        number = normalise_number(callee)
+        if number.isdigit():
+            number = "+" + number
+        return self._by_number.get(number, self.default)
 
     def for_webrtc(self) -> Agent:
         """The agent with ``webrtc: true``, else the default."""

@@ -113,8 +113,9 @@ async def twilio_voice(request: Request) -> Response:
 @phone_api.post("/twilio/after-stream")
 async def twilio_after_stream(request: Request) -> Response:
     """`<Connect action>`: the bot's stream has ended. If the agent put the caller through to
-    a person, dial them (a SIP target gets the reason as an `X-Hotline-Reason` header); else
-    hang up."""
+    a person, dial them (a SIP target gets the reason and a warm transfer's summary as
+    `X-Hotline-Reason` and `X-Hotline-Summary` headers, cut short: Twilio carries custom SIP
+    headers in the URI); else hang up."""
     params = await twilio_params(request)
     if isinstance(params, Response):
         return params
@@ -130,8 +131,15 @@ async def twilio_after_stream(request: Request) -> Response:
     if transfer is None:
         return xml(hangup_twiml())
     log.info("call %s: Twilio puts the caller through to %s", call_sid, transfer["to"])
-    reason = {"X-Hotline-Reason": transfer.get("reason", "")[:200]}
-    return xml(dial_twiml(transfer["to"], reason if transfer.get("reason") else None))
+    headers = {
+        name: " ".join(transfer.get(key, "").split())[:limit]
+        for name, key, limit in (
+            ("X-Hotline-Reason", "reason", 200),
+            ("X-Hotline-Summary", "summary", 300),
+        )
+        if transfer.get(key)
+    }
+    return xml(dial_twiml(transfer["to"], headers))
 
 
 @phone_api.post("/phone/stream-token", dependencies=[Depends(require_token)])
