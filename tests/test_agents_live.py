@@ -177,6 +177,8 @@ async def test_an_order_question_calls_the_order_service_and_speaks_its_answer(
     assert {"shipped", "friday"} <= words(heard), heard
     [record] = detail(agents_server, result.call_id)["records"]
     assert record["tools"][0]["ok"] is True
+    print(f"\norder turn (ms): {record['timings_ms']}, tools {record['tools_ms']}")
+    print(f"at the caller: {[turn.voice_to_voice_ms for turn in result.turns]}")
 
 
 async def test_a_tool_that_times_out_gets_an_apology_not_a_dead_call(

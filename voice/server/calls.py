@@ -260,12 +260,17 @@ class Switchboard:
         if agent is not None and agent.policy is not None and arm is None:
             policy = agent.policy  # an experiment's arm still wins: it is what is measured
         toolbox = ready.toolbox if ready is not None else None
+        specs = list(toolbox.specs()) if toolbox is not None else []
+        if not (self.call_control is not None and self.call_control.supports(kind)):
+            # Keys can be pressed through Telnyx's and Vonage's call control only: elsewhere
+            # the model is not offered a tool that would only pretend.
+            specs = [spec for spec in specs if spec.name != "send_dtmf"]
         llm = self.router.for_call(
             policy,
             experiment,
             arm,
             instructions=agent.instructions if agent is not None else None,
-            tools=toolbox.specs() if toolbox is not None else (),
+            tools=specs,
         )
         conversation_settings = self.settings.conversation
         if agent is not None and agent.greeting is not None:
