@@ -461,6 +461,9 @@ class Conversation:
                     break
                 if len(rounds) >= self.tool_settings.max_rounds:
                     log.warning("call %s: tool rounds capped at %d", self.call_id, len(rounds))
+                    if not spoken and not "".join(generated).strip():
+                        for sentence in splitter.push(self.settings.apology):
+                            await speak(sentence)  # never a silent turn
                     break
                 for sentence in splitter.flush():  # "Let me look that up." before the wait
                     await speak(sentence)

@@ -257,3 +257,26 @@ async def test_a_speculative_reply_runs_no_tool_before_the_turn_has_ended() -> N
     assert tools.started and all(ctx.transcript[-1] == ("user", final) for _, ctx in tools.started)
     [record] = call.records
     assert record.caller_text == final and record.reply_text == "It has shipped."
+
+
+async def test_one_turn_may_take_several_rounds_and_stops_asking_after_the_cap() -> None:
+    line = PhoneLine()
+    find = ToolCall("call_a", "find_customer", '{"phone": "+15550001"}')
+    order = ToolCall("call_b", "order_status", '{"order_number": "4512"}')
+    again = ToolCall("call_c", "order_status", '{"order_number": "4512"}')
+    llm = ScriptedLLM([("", [find]), ("", [order]), ("", [again]), "Never heard."])
+    tools = ScriptedToolbox({"find_customer": '{"id": 7}', "order_status": '{"status": "ok"}'})
+    capped = ToolSettings(holding_phrase="", max_rounds=2)
+    call = conversation(line, llm, tools, ["my last order"], capped)
+    line.script = one_turn
+    await call.run()
+
+    # Round one's result went into round two's request, and so on, in one turn.
+    assert [c.name for c, _ in tools.started] == ["find_customer", "order_status"]
+    assert [m.tool_call_id for m in llm.requests[2] if m.role == "tool"] == ["call_a", "call_b"]
+    [record] = call.records
+    assert [row["name"] for row in record.tools] == ["find_customer", "order_status"]
+    # The third request asked for a tool again: past the cap it is not run, and the turn ends
+    # with the apology rather than silence.
+    assert len(llm.requests) == 3 and llm.replies == ["Never heard."]
+    assert record.reply_text == call.settings.apology
