@@ -19,6 +19,10 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -30,6 +34,7 @@ from tests.support.speech import concat, piper, silence
 from voice.agents.http_tools import SIGNATURE_HEADER, verify
 from voice.devtools.twilio_call import place_twilio_call
 from voice.devtools.webrtc_caller import place_call
+from voice.server.tracing import trace_id_of
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +52,9 @@ class OrderService:
     port: int = field(default_factory=free_port)
     received: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    # The same server is the OTLP collector: the turn spans it was sent, by trace id.
+    spans: dict[str, list[str]] = field(default_factory=dict)
+    spans_arrived: threading.Condition = field(default_factory=threading.Condition)
 
     def app(self) -> Starlette:
         async def status(request: Request) -> Response:
@@ -63,7 +71,30 @@ class OrderService:
             number = body["arguments"].get("order_number", "")
             return JSONResponse({"order": number, "status": "shipped", "eta": "Friday"})
 
-        return Starlette(routes=[Route("/{path}", status, methods=["POST"])])
+        async def traces(request: Request) -> Response:
+            export = ExportTraceServiceRequest()
+            export.ParseFromString(await request.body())
+            with self.spans_arrived:
+                for resource in export.resource_spans:
+                    for scope in resource.scope_spans:
+                        for span in scope.spans:
+                            self.spans.setdefault(span.trace_id.hex(), []).append(span.name)
+                self.spans_arrived.notify_all()
+            reply = ExportTraceServiceResponse().SerializeToString()
+            return Response(reply, media_type="application/x-protobuf")
+
+        return Starlette(
+            routes=[
+                Route("/v1/traces", traces, methods=["POST"]),
+                Route("/{path}", status, methods=["POST"]),
+            ]
+        )
+
+    def spans_of(self, trace_id: str, within_s: float) -> list[str]:
+        """The span names of a trace, once its turn span has arrived (the exporter batches)."""
+        with self.spans_arrived:
+            self.spans_arrived.wait_for(lambda: "turn" in self.spans.get(trace_id, []), within_s)
+            return list(self.spans.get(trace_id, []))
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path}"
@@ -117,7 +148,11 @@ def agents_server(
         order_agent("slow-orders", SLOW_ORDERS, orders.url("slow"), 0.5), encoding="utf-8"
     )
     running = start_server(
-        {"HOTLINE_AGENTS__DIR": str(directory), "HOTLINE_AGENTS__SIGNING_SECRET": SECRET}
+        {
+            "HOTLINE_AGENTS__DIR": str(directory),
+            "HOTLINE_AGENTS__SIGNING_SECRET": SECRET,
+            "HOTLINE_TRACING__OTLP_ENDPOINT": f"http://127.0.0.1:{orders.port}",
+        }
     )
     yield running
     stop_server(running)
@@ -178,6 +213,10 @@ async def test_an_order_question_calls_the_order_service_and_speaks_its_answer(
     [record] = detail(agents_server, result.call_id)["records"]
     assert record["tools"][0]["ok"] is True
     print(f"\norder turn (ms): {record['timings_ms']}, tools {record['tools_ms']}")
+    # The turn went out as a trace of the call: a turn span, its stages and the tool call.
+    trace = f"{trace_id_of(result.call_id):032x}"
+    names = await asyncio.to_thread(orders.spans_of, trace, 30.0)
+    assert {"turn", "endpoint", "stt", "llm", "tool order_status"} <= set(names), names
     print(f"at the caller: {[turn.voice_to_voice_ms for turn in result.turns]}")
 
 

@@ -37,6 +37,7 @@ from voice.server.routes.ops import ops_api
 from voice.server.routes.phone import phone_api
 from voice.server.routes.webrtc import webrtc_api
 from voice.server.settings import Settings
+from voice.server.tracing import TurnTracer
 from voice.transports.phone.tokens import StreamTokens
 from voice.transports.webrtc import restrict_ice_host_addresses
 
@@ -125,6 +126,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         sessions = await CallRegistry.open(settings.session_settings(), worker)
         await sessions.start()
         stack.push_async_callback(sessions.close)
+        tracer = TurnTracer(settings.tracing)
+        stack.push_async_callback(asyncio.to_thread, tracer.shutdown)
         switchboard = Switchboard(
             settings,
             stt=stt,
@@ -134,6 +137,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             sessions=sessions,
             agents=agents,
             call_control=CallControl(settings.call_control, tool_client),
+            tracer=tracer,
         )
         if settings.experiment_file:
             await switchboard.experiments.save(load_experiment(settings.experiment_file))

@@ -27,6 +27,7 @@ from voice.cluster.registry import CallRegistry
 from voice.experiments.arms import ExperimentStore
 from voice.server import metrics
 from voice.server.settings import Settings
+from voice.server.tracing import TurnTracer
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +178,14 @@ class Switchboard:
         sessions: CallRegistry,
         agents: Agents | None = None,
         call_control: CallControl | None = None,
+        tracer: TurnTracer | None = None,
     ) -> None:
         """`agents`: who answers which call (None: the built-in agent, `tts`'s voice);
         `call_control`: Telnyx's and Vonage's REST APIs, to transfer calls and press keys."""
         self.settings = settings
         self.agents = agents
         self.call_control = call_control
+        self.tracer = tracer
         self.sessions = sessions
         self.experiments = ExperimentStore(sessions.redis, sessions.settings.key_prefix)
         self.stt = stt
@@ -423,6 +426,10 @@ class Switchboard:
 
     def _on_turn(self, call_id: str, record: TurnRecord) -> None:
         metrics.observe_turn(record)
+        if self.tracer is not None and self.tracer.enabled:
+            call = self.active.get(call_id)
+            agent = call.agent.name if call is not None and call.agent is not None else None
+            self.tracer.record(call_id, record, agent=agent)
         self.sessions.append_turn(call_id, record.to_dict())  # never waits on Redis
 
     async def serve_control(self) -> None:

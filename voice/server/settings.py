@@ -21,6 +21,7 @@ from pipeline.turns import TurnSettings
 from voice.agents.transfer import CallControlSettings
 from voice.cluster.records import RegistrySettings
 from voice.llm_sim.simulator import SimulatorSettings
+from voice.server.tracing import TracingSettings
 
 
 class IceServer(BaseModel):
@@ -138,6 +139,9 @@ class Settings(BaseSettings):
     # Telnyx and Vonage REST credentials: how an agent puts a call through to a person (or
     # presses keys) on those providers. Twilio needs none (TwiML, /twilio/after-stream).
     call_control: CallControlSettings = Field(default_factory=CallControlSettings)
+    # OpenTelemetry: a trace per call, a span per turn and its stages, exported by OTLP/HTTP when
+    # HOTLINE_TRACING__OTLP_ENDPOINT is set (off, at no cost, otherwise).
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     # Redis shared by every worker (HOTLINE_REDIS_URL); unset: an in-process store, one worker.
     redis_url: str | None = None
     sessions: RegistrySettings = Field(default_factory=RegistrySettings)
