@@ -27,6 +27,7 @@ from voice.agents.runtime import Agents
 from voice.agents.transfer import CallControl
 from voice.cluster.records import WorkerInfo
 from voice.cluster.registry import CallRegistry
+from voice.cluster.webhooks import WebhookOutbox
 from voice.experiments.arms import load_experiment
 from voice.llm_sim.simulator import running_simulator
 from voice.server.api import APIError, api_error_response
@@ -126,6 +127,17 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         sessions = await CallRegistry.open(settings.session_settings(), worker)
         await sessions.start()
         stack.push_async_callback(sessions.close)
+        outbox = None
+        if settings.webhook.url is not None:
+            outbox = WebhookOutbox(
+                sessions.redis,
+                settings.session_settings().key_prefix,
+                settings.webhook,
+                tool_client,
+                worker.worker_id,
+            )
+            deliveries = asyncio.create_task(outbox.run(), name="webhooks")
+            stack.callback(deliveries.cancel)
         tracer = TurnTracer(settings.tracing)
         stack.push_async_callback(asyncio.to_thread, tracer.shutdown)
         switchboard = Switchboard(
@@ -138,6 +150,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             agents=agents,
             call_control=CallControl(settings.call_control, tool_client),
             tracer=tracer,
+            outbox=outbox,
         )
         if settings.experiment_file:
             await switchboard.experiments.save(load_experiment(settings.experiment_file))

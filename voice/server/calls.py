@@ -24,6 +24,7 @@ from voice.agents.runtime import Agents, ReadyAgent
 from voice.agents.transfer import CallControl, CallControlError
 from voice.cluster.records import RegisteredCall
 from voice.cluster.registry import CallRegistry
+from voice.cluster.webhooks import WebhookOutbox
 from voice.experiments.arms import ExperimentStore
 from voice.server import metrics
 from voice.server.settings import Settings
@@ -179,6 +180,7 @@ class Switchboard:
         agents: Agents | None = None,
         call_control: CallControl | None = None,
         tracer: TurnTracer | None = None,
+        outbox: WebhookOutbox | None = None,
     ) -> None:
         """`agents`: who answers which call (None: the built-in agent, `tts`'s voice);
         `call_control`: Telnyx's and Vonage's REST APIs, to transfer calls and press keys."""
@@ -186,6 +188,8 @@ class Switchboard:
         self.agents = agents
         self.call_control = call_control
         self.tracer = tracer
+        self.outbox = outbox
+        self.webhook_deliveries: OrderedDict[str, str] = OrderedDict()  # call id -> delivery
         self.sessions = sessions
         self.experiments = ExperimentStore(sessions.redis, sessions.settings.key_prefix)
         self.stt = stt
@@ -330,9 +334,12 @@ class Switchboard:
             metrics.ACTIVE_CALLS.set(len(self.active))
             if not self.active:
                 self._idle.set()
-            self.finished[call.call_id] = call.record()  # not the conversation: see CallRecord
+            record = call.record()  # not the conversation: see CallRecord
+            self.finished[call.call_id] = record
             while len(self.finished) > _FINISHED_KEPT:
                 self.finished.popitem(last=False)
+            if self.outbox is not None:
+                self._spawn(self._post_call(record))
             log.info("call %s: ended, %d active", call.call_id, len(self.active))
 
     def _on_key(self, call_id: str, digit: str) -> bool:
@@ -407,6 +414,33 @@ class Switchboard:
         self.sessions.publish(call.call_id, event)
         log.info("call %s: transferred to %s (%s)", call.call_id, action.target, action.reason)
         call.conversation.transport.hang_up(f"transferred to {action.target}")
+
+    async def _post_call(self, record: CallRecord) -> None:
+        """Hand the ended call's document to the webhook outbox (in Redis: from there it is
+        delivered, retried and its outcome kept, whatever happens to this worker)."""
+        assert self.outbox is not None
+        document = {"event": "call.ended", "call": record.detail(), "recording": None}
+        try:
+            delivery = await self.outbox.enqueue(record.call_id, document, wait_s=60.0)
+        except Exception:
+            log.exception("call %s: the post-call webhook could not be queued", record.call_id)
+            return
+        self.webhook_deliveries[record.call_id] = delivery
+        while len(self.webhook_deliveries) > _FINISHED_KEPT:
+            self.webhook_deliveries.popitem(last=False)
+        log.info("call %s: post-call webhook queued (%s)", record.call_id, delivery)
+
+    async def webhook_outcome(self, call_id: str) -> dict[str, Any] | None:
+        """The post-call webhook's delivery state for a call that ended here (None: none
+        queued here, or Redis cannot say right now)."""
+        delivery = self.webhook_deliveries.get(call_id)
+        if self.outbox is None or delivery is None:
+            return None
+        try:
+            return await self.outbox.outcome(delivery)
+        except Exception as exc:
+            log.warning("call %s: webhook outcome unavailable: %s", call_id, exc)
+            return None
 
     async def transfer_of(self, call_id: str) -> dict[str, str] | None:
         """Where the agent put `call_id` through, if it did: from this worker's calls, else

@@ -20,6 +20,7 @@ from pipeline.tts import TTSSettings
 from pipeline.turns import TurnSettings
 from voice.agents.transfer import CallControlSettings
 from voice.cluster.records import RegistrySettings
+from voice.cluster.webhooks import WebhookSettings
 from voice.llm_sim.simulator import SimulatorSettings
 from voice.server.tracing import TracingSettings
 
@@ -142,6 +143,10 @@ class Settings(BaseSettings):
     # OpenTelemetry: a trace per call, a span per turn and its stages, exported by OTLP/HTTP when
     # HOTLINE_TRACING__OTLP_ENDPOINT is set (off, at no cost, otherwise).
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    # Post-call webhook: when a call ends, its record (turns, transcript as heard, transfer)
+    # is POSTed to HOTLINE_WEBHOOK__URL, signed with HOTLINE_WEBHOOK__SECRET, from an outbox in
+    # Redis that survives worker crashes and receiver outages (voice/cluster/webhooks.py).
+    webhook: WebhookSettings = Field(default_factory=WebhookSettings)
     # Redis shared by every worker (HOTLINE_REDIS_URL); unset: an in-process store, one worker.
     redis_url: str | None = None
     sessions: RegistrySettings = Field(default_factory=RegistrySettings)

@@ -46,9 +46,14 @@ def _summary(board: Switchboard, info: dict[str, Any]) -> dict[str, Any]:
 @calls_api.get("/calls/{call_id}", response_model=None)
 async def call_detail(call_id: str, request: Request) -> dict[str, object] | JSONResponse:
     """A call's record and transcript (turns), from this worker or the registry."""
-    local = switchboard(request).get(call_id)
+    board = switchboard(request)
+    local = board.get(call_id)
     if local is not None:
-        return local.detail()
+        detail = local.detail()
+        webhook = await board.webhook_outcome(call_id)
+        if webhook is not None:
+            detail["webhook"] = {k: v for k, v in webhook.items() if k != "body"}
+        return detail
     try:
         found = await switchboard(request).sessions.get_call(call_id)
     except RegistryUnavailable as exc:

@@ -1,0 +1,492 @@
+"""Post-call webhooks (`voice.cluster.webhooks`) against a real `redis-server` and a real HTTP
+receiver (Starlette under uvicorn on a free loopback port) that checks every signature with
+`voice.agents.http_tools.verify`.
+
+Every test gets its own key prefix on the module's Redis; the outage test has a Redis of its
+own to stop and start. Waits are on the receiver's condition or on an outcome, bounded; no
+duration is asserted, only orderings the design promises (a retry comes no sooner than the
+receiver's Retry-After; a crashed worker's delivery goes out again no sooner than its lease).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from tests.support.redis_server import RedisServer
+from tests.support.server import free_port
+from voice.agents.http_tools import verify
+from voice.cluster.records import RegistrySettings, RegistryUnavailable
+from voice.cluster.store import connect
+from voice.cluster.webhooks import (
+    MAX_BODY_BYTES,
+    WebhookOutbox,
+    WebhookSettings,
+    delivery_key,
+    due_key,
+    json_body,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "whsec-test-0123456789"
+WAIT_S = 15.0  # generous: a loaded 2-core runner
+DOCUMENT: dict[str, Any] = {
+    "event": "call.ended",
+    "call_id": "call-1",
+    "caller": "+15551230000",
+    "state": "ended",
+    "turns": [{"caller_text": "Bonjour, ça va ?", "reply_text": "Très bien."}],
+}
+
+
+# -- the receiver ------------------------------------------------------------------------------
+
+
+@dataclass
+class Received:
+    delivery_id: str
+    event: str
+    call_id: str
+    headers: dict[str, str]
+    body: bytes
+    signed: bool  # the signature verified
+    at: float  # time.time() on arrival
+
+
+@dataclass
+class Receiver:
+    """Records every request; answers the scripted `answers` in turn, then 200. The next
+    `hold` requests wait for `release` before they are answered."""
+
+    port: int = 0
+    received: list[Received] = field(default_factory=list)
+    answers: list[tuple[int, dict[str, str]]] = field(default_factory=list)
+    hold: int = 0
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hooks"
+
+    def fail(self, *statuses: int, headers: dict[str, str] | None = None) -> None:
+        self.answers += [(status, headers or {}) for status in statuses]
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
+        async with asyncio.timeout(timeout_s), self.changed:
+            await self.changed.wait_for(predicate)
+
+    async def handle(self, request: Request) -> Response:
+        raw = await request.body()
+        headers = dict(request.headers)
+        signature = headers.get("x-hotline-signature", "")
+        seen = Received(
+            delivery_id=headers.get("x-hotline-delivery", ""),
+            event=headers.get("x-hotline-event", ""),
+            call_id=headers.get("x-hotline-call-id", ""),
+            headers=headers,
+            body=raw,
+            signed=verify(SECRET.encode(), signature, raw, now=time.time()),
+            at=time.time(),
+        )
+        self.received.append(seen)
+        async with self.changed:
+            self.changed.notify_all()
+        if not seen.signed:
+            return PlainTextResponse("bad signature", status_code=401)
+        if self.hold:
+            self.hold -= 1
+            await self.release.wait()
+        status, extra = self.answers.pop(0) if self.answers else (200, {})
+        return PlainTextResponse(f"answer {status}", status_code=status, headers=extra)
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    state = Receiver()
+    app = Starlette(routes=[Route("/hooks", state.handle, methods=["POST"])])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    state.port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=5
+    )
+    config.load()
+    server = uvicorn.Server(config)
+    server.lifespan = config.lifespan_class(config)  # what Server.serve would set
+    await server.startup(sockets=[sock])  # listening once this returns
+    try:
+        yield state
+    finally:
+        state.release.set()  # held requests end, so shutdown does not wait on them
+        await server.shutdown(sockets=[sock])
+        sock.close()
+
+
+# -- outboxes ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@dataclass
+class Worker:
+    outbox: WebhookOutbox
+    task: asyncio.Task[None] | None
+
+    async def crash(self) -> None:
+        """Stop its loop where it is, sends in flight and all (as a killed process would)."""
+        assert self.task is not None and not self.task.done()
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+Start = Callable[..., Awaitable[Worker]]
+
+
+@pytest.fixture
+async def start(redis_server: RedisServer, receiver: Receiver) -> AsyncIterator[Start]:
+    """Starts a worker's outbox (its own Redis and HTTP clients) on this test's prefix, with
+    tiny backoffs; stops them all at the end, checking that no loop ended by itself."""
+    prefix = f"test-{uuid.uuid4().hex[:8]}"
+    workers: list[Worker] = []
+    closers: list[Callable[[], Awaitable[None]]] = []
+
+    async def start_(
+        worker_id: str = "a",
+        *,
+        run: bool = True,
+        redis_url: str | None = None,
+        clock: Callable[[], float] = time.time,
+        **changes: Any,
+    ) -> Worker:
+        options: dict[str, Any] = {
+            "url": receiver.url,
+            "secret": SECRET,
+            "timeout_s": 5.0,
+            "first_retry_s": 0.05,
+            "max_retry_s": 0.2,
+        }
+        settings = WebhookSettings(**(options | changes))
+        url = redis_url or redis_server.url
+        client = connect(RegistrySettings(redis_url=url, socket_timeout_s=0.5))
+        http = httpx.AsyncClient()
+        closers.extend([client.aclose, http.aclose])
+        outbox = WebhookOutbox(client, prefix, settings, http, worker_id, clock=clock)
+        worker = Worker(outbox, asyncio.create_task(outbox.run()) if run else None)
+        workers.append(worker)
+        return worker
+
+    yield start_
+    for worker in workers:
+        if worker.task is not None and not worker.task.cancelled():
+            assert not worker.task.done(), f"run() ended: {worker.task.result()}"
+            worker.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker.task
+    for close in closers:
+        await close()
+
+
+async def until(check: Callable[[], Awaitable[bool]]) -> None:
+    """Wait until `check()` (state in Redis, or the outbox's) holds; bounded."""
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            if await check():
+                return
+            await asyncio.sleep(0.02)
+
+
+async def answered_once(outbox: WebhookOutbox, delivery_id: str) -> dict[str, Any]:
+    """The outcome once the first attempt's answer is recorded."""
+    outcome: dict[str, Any] | None = None
+
+    async def recorded() -> bool:
+        nonlocal outcome
+        outcome = await outbox.outcome(delivery_id)
+        return outcome is not None and outcome["last_status"] is not None
+
+    await until(recorded)
+    assert outcome is not None
+    return outcome
+
+
+async def settled(outbox: WebhookOutbox, delivery_id: str) -> dict[str, Any]:
+    """The outcome once it is final (`delivered` or `failed`)."""
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            outcome = await outbox.outcome(delivery_id)
+            assert outcome is not None
+            if outcome["state"] != "pending":
+                return outcome
+            await asyncio.sleep(0.02)
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+def test_a_url_needs_a_secret_named_by_its_environment_variable() -> None:
+    with pytest.raises(ValueError, match="HOTLINE_WEBHOOK__SECRET"):
+        WebhookSettings(url="https://example.com/hooks")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="HOTLINE_WEBHOOK__SECRET"):
+        WebhookSettings(url="https://example.com/hooks", secret="")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="lease_s"):
+        WebhookSettings(timeout_s=10, lease_s=5)
+    assert WebhookSettings().url is None  # no webhook: the default
+    configured = WebhookSettings(url="https://example.com/h", secret=SECRET)  # type: ignore[arg-type]
+    assert SECRET not in repr(configured) and configured.lease > configured.timeout_s
+
+
+async def test_no_outbox_without_a_url() -> None:
+    async with httpx.AsyncClient() as http:
+        with pytest.raises(ValueError, match="no webhook URL"):
+            WebhookOutbox(aioredis.Redis(), "p", WebhookSettings(), http, "a")
+
+
+# -- deliveries --------------------------------------------------------------------------------
+
+
+async def test_a_delivery_arrives_signed_with_the_exact_body_and_headers(
+    start: Start, receiver: Receiver
+) -> None:
+    a = await start("a")
+    delivery_id = await a.outbox.enqueue("call-1", DOCUMENT)
+    outcome = await settled(a.outbox, delivery_id)
+
+    [got] = receiver.received
+    assert got.signed
+    assert got.body == json.dumps(DOCUMENT, separators=(",", ":"), ensure_ascii=False).encode()
+    assert got.body == json_body(DOCUMENT) and json.loads(got.body) == DOCUMENT
+    assert (got.delivery_id, got.event, got.call_id) == (delivery_id, "call.ended", "call-1")
+    assert got.headers["content-type"] == "application/json"
+    assert got.headers["user-agent"].startswith("Hotline/")
+    assert got.headers["x-hotline-signature"].startswith("t=")
+    assert outcome["state"] == "delivered"
+    assert (outcome["attempts"], outcome["last_status"], outcome["last_error"]) == (1, 200, None)
+    assert outcome["call_id"] == "call-1" and outcome["delivery_id"] == delivery_id
+    assert outcome["delivered_at"] is not None and outcome["failed_at"] is None
+    assert outcome["next_attempt_at"] is None  # out of the due set
+
+    # A final outcome is kept for the retention time, without its body.
+    key = delivery_key(a.outbox._prefix, delivery_id)
+    assert not await a.outbox.redis.hexists(key, "body")
+    assert 0 < await a.outbox.redis.ttl(key) <= a.outbox.settings.retention_s
+    assert await a.outbox.outcome("no-such-delivery") is None
+
+
+async def test_a_document_that_is_too_big_or_not_json_is_refused_at_enqueue(
+    start: Start,
+) -> None:
+    a = await start("a", run=False)
+    with pytest.raises(ValueError, match="at most"):
+        await a.outbox.enqueue("call-1", {"blob": "x" * MAX_BODY_BYTES})
+    with pytest.raises(ValueError, match="JSON"):
+        await a.outbox.enqueue("call-1", {"when": object()})
+    with pytest.raises(ValueError, match="JSON"):
+        await a.outbox.enqueue("call-1", {"score": float("nan")})
+    assert await a.outbox.redis.zcard(due_key(a.outbox._prefix)) == 0
+    # Just under the limit is fine.
+    room = MAX_BODY_BYTES - len(json_body({"blob": ""}))
+    assert await a.outbox.enqueue("call-1", {"blob": "x" * room})
+
+
+async def test_a_receiver_failing_twice_gets_the_third_attempt(
+    start: Start, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver.fail(503, 503)
+    a = await start("a")
+    with caplog.at_level(logging.INFO, "voice.cluster.webhooks"):
+        delivery_id = await a.outbox.enqueue("call-2", DOCUMENT)
+        outcome = await settled(a.outbox, delivery_id)
+
+    assert (outcome["state"], outcome["attempts"], outcome["last_status"]) == ("delivered", 3, 200)
+    assert [r.delivery_id for r in receiver.received] == [delivery_id] * 3
+    assert all(r.signed for r in receiver.received)
+    assert len({r.body for r in receiver.received}) == 1  # the same bytes, re-signed each time
+    lines = [r.getMessage() for r in caplog.records if r.name == "voice.cluster.webhooks"]
+    attempts = [line for line in lines if delivery_id in line]
+    assert len(attempts) == 3, lines  # one line per attempt
+    assert all("call-2" in line for line in attempts)
+    assert "HTTP 503" in attempts[0] and "delivered" in attempts[2]
+    assert SECRET not in caplog.text
+
+
+async def test_a_429_retry_after_is_honoured(start: Start, receiver: Receiver) -> None:
+    receiver.fail(429, headers={"Retry-After": "1"})
+    a = await start("a")
+    delivery_id = await a.outbox.enqueue("call-3", DOCUMENT)
+    outcome = await settled(a.outbox, delivery_id)
+    assert (outcome["state"], outcome["attempts"]) == ("delivered", 2)
+    first, second = receiver.received
+    assert second.at - first.at >= 1.0  # not before the receiver said (tiny backoff otherwise)
+
+
+async def test_a_timeout_is_retried(start: Start, receiver: Receiver) -> None:
+    receiver.hold = 1  # the first request is never answered in time
+    a = await start("a", timeout_s=0.3)
+    delivery_id = await a.outbox.enqueue("call-4", DOCUMENT)
+    outcome = await settled(a.outbox, delivery_id)
+    assert (outcome["state"], outcome["attempts"], outcome["last_status"]) == ("delivered", 2, 200)
+    assert [r.delivery_id for r in receiver.received] == [delivery_id] * 2
+
+
+async def test_a_400_fails_at_once(start: Start, receiver: Receiver) -> None:
+    receiver.fail(400)
+    a = await start("a")
+    delivery_id = await a.outbox.enqueue("call-5", DOCUMENT)
+    outcome = await settled(a.outbox, delivery_id)
+    assert (outcome["state"], outcome["attempts"], outcome["last_status"]) == ("failed", 1, 400)
+    assert outcome["last_error"] == "HTTP 400: answer 400"
+    assert outcome["failed_at"] is not None and outcome["delivered_at"] is None
+    assert len(receiver.received) == 1
+
+
+async def test_retrying_gives_up_after_the_bounded_time(start: Start, receiver: Receiver) -> None:
+    """The outbox's clock jumps a day ahead between two failed attempts."""
+    receiver.fail(*[503] * 10)
+    ahead = [0.0]
+    give_up_s = 24 * 3600
+
+    def clock() -> float:
+        return time.time() + ahead[0]
+
+    a = await start("a", clock=clock, first_retry_s=60.0, max_retry_s=120.0)
+    delivery_id = await a.outbox.enqueue("call-6", DOCUMENT)
+    pending = await answered_once(a.outbox, delivery_id)
+    assert pending["state"] == "pending" and pending["last_status"] == 503
+    assert pending["next_attempt_at"] > pending["last_attempt_at"] + 60 * 0.75 - 1e-6  # backoff
+
+    ahead[0] = give_up_s + 60.0
+    outcome = await settled(a.outbox, delivery_id)
+    assert (outcome["state"], outcome["attempts"], outcome["last_status"]) == ("failed", 2, 503)
+    assert outcome["failed_at"] - outcome["enqueued_at"] >= give_up_s
+    assert len(receiver.received) == 2
+
+
+async def test_an_unreachable_receiver_is_retried_until_given_up(start: Start) -> None:
+    closed = f"http://127.0.0.1:{free_port()}/hooks"
+    a = await start("a", url=closed, give_up_after_s=0.5)
+    delivery_id = await a.outbox.enqueue("call-7", DOCUMENT)
+    outcome = await settled(a.outbox, delivery_id)
+    assert outcome["state"] == "failed" and outcome["attempts"] >= 2
+    assert outcome["last_status"] is None
+    assert outcome["last_error"] == "the receiver could not be reached"
+
+
+# -- several workers ---------------------------------------------------------------------------
+
+
+async def test_a_worker_that_crashes_mid_send_leaves_it_to_another_after_the_lease(
+    start: Start, receiver: Receiver
+) -> None:
+    receiver.hold = 1
+    a = await start("a", timeout_s=2.0, lease_s=2.5)
+    delivery_id = await a.outbox.enqueue("call-8", DOCUMENT)
+    await receiver.wait_for(lambda: len(receiver.received) == 1)  # a's send is in flight
+    lease_until = await a.outbox.redis.zscore(due_key(a.outbox._prefix), delivery_id)
+    await a.crash()
+
+    b = await start("b", timeout_s=2.0, lease_s=2.5)
+    await receiver.wait_for(lambda: len(receiver.received) == 2)
+    outcome = await settled(b.outbox, delivery_id)
+
+    first, second = receiver.received
+    assert first.delivery_id == second.delivery_id == delivery_id  # the receiver de-duplicates
+    assert first.body == second.body and second.signed
+    assert lease_until is not None and second.at >= lease_until  # not before a's lease ended
+    assert (outcome["state"], outcome["attempts"], outcome["last_status"]) == ("delivered", 2, 200)
+
+
+async def test_two_workers_never_send_the_same_attempt(start: Start, receiver: Receiver) -> None:
+    a, b = await start("a", concurrency=4), await start("b", concurrency=4)
+    ids = await asyncio.gather(
+        *(
+            (a if n % 2 else b).outbox.enqueue(f"call-{n}", {**DOCUMENT, "call_id": f"call-{n}"})
+            for n in range(20)
+        )
+    )
+    outcomes = [await settled(a.outbox, delivery_id) for delivery_id in ids]
+
+    assert [o["state"] for o in outcomes] == ["delivered"] * 20
+    assert [o["attempts"] for o in outcomes] == [1] * 20  # each claimed once, and final
+    assert sorted(r.delivery_id for r in receiver.received) == sorted(ids)
+    assert all(r.signed for r in receiver.received)
+    by_id = {r.delivery_id: json.loads(r.body)["call_id"] for r in receiver.received}
+    assert by_id == {d: f"call-{n}" for n, d in enumerate(ids)}
+
+
+# -- Redis -------------------------------------------------------------------------------------
+
+
+async def test_a_redis_outage_does_not_end_the_loop(
+    start: Start, receiver: Receiver, tmp_path: Path
+) -> None:
+    own = RedisServer(data_dir=tmp_path)
+    own.start()
+    try:
+        a = await start("a", redis_url=own.url)
+        before = await a.outbox.enqueue("call-9", DOCUMENT)
+        assert (await settled(a.outbox, before))["state"] == "delivered"
+
+        own.stop()
+        enqueueing = asyncio.create_task(a.outbox.enqueue("call-10", DOCUMENT))  # waits
+
+        async def down() -> bool:
+            return not a.outbox.healthy
+
+        await until(down)
+        with pytest.raises(RegistryUnavailable):
+            await a.outbox.outcome(before)  # reads fail
+        with pytest.raises(RegistryUnavailable):
+            await a.outbox.enqueue("call-11", DOCUMENT, wait_s=0.2)  # bounded, nothing stored
+        assert a.task is not None and not a.task.done() and not enqueueing.done()
+
+        own.start()  # same port, same append-only file
+        during = await asyncio.wait_for(enqueueing, WAIT_S)
+        outcome = await settled(a.outbox, during)
+        assert (outcome["state"], outcome["attempts"]) == ("delivered", 1)
+        assert (await settled(a.outbox, before))["state"] == "delivered"  # kept across restart
+        assert a.outbox.healthy and not a.task.done()
+        assert [r.call_id for r in receiver.received] == ["call-9", "call-10"]
+    finally:
+        own.stop()
+
+
+async def test_an_idle_loop_does_not_spin(start: Start, receiver: Receiver) -> None:
+    """Nothing due for a while (a Retry-After far ahead): a few Redis commands a second."""
+    receiver.fail(503, headers={"Retry-After": "3600"})
+    a = await start("a")
+    delivery_id = await a.outbox.enqueue("call-12", DOCUMENT)
+    pending = await answered_once(a.outbox, delivery_id)
+    assert pending["next_attempt_at"] > pending["last_attempt_at"] + 3000  # the Retry-After
+    stats = a.outbox.redis
+    before = int((await stats.info("stats"))["total_commands_processed"])
+    await asyncio.sleep(1.5)  # an observation window, not a synchronisation
+    after = int((await stats.info("stats"))["total_commands_processed"])
+    assert after - before < 30, after - before  # a spinning loop would make thousands
+    assert len(receiver.received) == 1
