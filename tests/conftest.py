@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import aioice.ice
 import pytest
 
+from tests.support.redis_server import RedisServer
 from tests.support.server import Server, start_server, stop_server
 from voice.transports.webrtc import restrict_ice_host_addresses
 
@@ -36,3 +37,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("serial") is not None:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server of the test module's own (a module may define its own instead)."""
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()

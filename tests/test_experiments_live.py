@@ -45,14 +45,6 @@ def words(text: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def failing_fast_tier(redis_server: RedisServer) -> Iterator[Server]:
     simulator = SimulatorSettings()
     simulator.profiles["fast"].fail_status = 503

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +52,6 @@ def turn(n: int) -> dict[str, Any]:
         timings_ms={"endpoint": 200.0, "first_audio": 700.0 + n},
         started_at=time.time(),
     ).to_dict()
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture(params=["embedded", "redis"])

@@ -17,7 +17,7 @@ import logging
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,14 +143,6 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 # -- outboxes ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 @dataclass
