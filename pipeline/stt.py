@@ -231,6 +231,11 @@ class SpeechToText:
         self._windowed = WindowedDecoder(self._model, self.settings)
         self.load_s = time.perf_counter() - started
 
+    @property
+    def scheduler(self) -> UrgentFirst:
+        """The worker threads' line (shared with models loaded `like` this one)."""
+        return self._workers
+
     @classmethod
     def shared(cls, settings: STTSettings | None = None) -> SpeechToText:
         """The process-wide instance for these settings, loaded on first use; settings that

@@ -130,6 +130,11 @@ class TextToSpeech:
                 tts = cls._shared[settings] = cls(settings)
             return tts
 
+    @property
+    def scheduler(self) -> UrgentFirst:
+        """The synthesis threads' line."""
+        return self._workers
+
     async def synthesize(self, text: str, urgent: bool = False) -> npt.NDArray[np.int16]:
         """`text` spoken, int16 mono at `sample_rate`; runs in the voice's worker thread.
         `urgent` (a reply's first chunk, which its caller is waiting for) goes ahead of the

@@ -30,6 +30,7 @@ from voice.cluster.registry import CallRegistry
 from voice.cluster.webhooks import WebhookOutbox
 from voice.experiments.arms import load_experiment
 from voice.llm_sim.simulator import running_simulator
+from voice.server import metrics
 from voice.server.api import APIError, api_error_response
 from voice.server.calls import Switchboard
 from voice.server.routes.calls import calls_api, calls_live_api
@@ -138,6 +139,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             )
             deliveries = asyncio.create_task(outbox.run(), name="webhooks")
             stack.callback(deliveries.cancel)
+        metrics.watch_queues(
+            [stt.scheduler, phone_stt.scheduler], [voice.scheduler for voice in agents.voices()]
+        )
         tracer = TurnTracer(settings.tracing)
         stack.push_async_callback(asyncio.to_thread, tracer.shutdown)
         switchboard = Switchboard(

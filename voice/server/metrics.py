@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from pipeline.records import STAGES, TurnRecord
+from pipeline.scheduling import UrgentFirst
 
 ACTIVE_CALLS = Gauge("hotline_active_calls", "Calls in progress on this worker.")
 DRAINING = Gauge("hotline_draining", "1 while this worker drains (admits no new calls).")
@@ -46,9 +49,24 @@ TOOL_LATENCY = Histogram(
     ["tool"],
     buckets=(0.05, 0.1, 0.2, 0.4, 0.8, 1.5, 3.0, 5.0, 10.0),
 )
+STT_WAITING = Gauge(
+    "hotline_stt_waiting", "Transcriptions waiting for a free recognizer thread (all models)."
+)
+TTS_WAITING = Gauge(
+    "hotline_tts_waiting", "Sentences waiting for a free synthesis thread (all voices)."
+)
 TRANSFERS = Counter(
     "hotline_transfers_total", "Calls the agent put through to a person.", ["transport"]
 )
+
+
+def watch_queues(recognizers: Sequence[UrgentFirst], voices: Sequence[UrgentFirst]) -> None:
+    """Report the models' waiting lines at each scrape (each line once, however many models
+    share it)."""
+    stt = list({id(line): line for line in recognizers}.values())
+    tts = list({id(line): line for line in voices}.values())
+    STT_WAITING.set_function(lambda: sum(line.waiting for line in stt))
+    TTS_WAITING.set_function(lambda: sum(line.waiting for line in tts))
 
 
 def observe_turn(record: TurnRecord) -> None:
