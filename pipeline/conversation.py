@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -55,7 +56,7 @@ from pipeline.services import LanguageModel, ReplyStream, SpeechRecognizer, Spee
 from pipeline.speculation import Discarded, Gate, Speculation, Unanswered
 from pipeline.stt import Transcript
 from pipeline.tool_turns import ToolRound, ToolRunner, ToolSettings, rounds_ms
-from pipeline.tools import CallAction, EndCall, Toolbox, ToolContext
+from pipeline.tools import ActionFailed, CallAction, EndCall, Toolbox, ToolContext
 from pipeline.transport import (
     SAMPLE_RATE,
     AudioIn,
@@ -509,20 +510,41 @@ class Conversation:
         return ToolContext(self.call_id, self.caller, self.callee, transcript)
 
     async def _carry_out(self, rounds: Sequence[ToolRound]) -> None:
-        """What the turn's tools asked of the call, now that the reply has been heard."""
+        """What the turn's tools asked of the call, now that the reply has been heard. One that
+        fails changes its call's result in the history to say so."""
         for tool_round in rounds:
-            for action in tool_round.actions():
-                await self._carry_out_action(action)
+            for result in list(tool_round.results.values()):
+                if result.action is None:
+                    continue
+                failure = await self._carry_out_action(result.action)
+                if failure is not None:
+                    self._correct_result(result.call.id, failure)
 
-    async def _carry_out_action(self, action: CallAction) -> None:
+    async def _carry_out_action(self, action: CallAction) -> str | None:
+        """Carry out `action`; why it failed (already told to the caller), or None."""
         log.info("call %s: %s", self.call_id, action)
         self._emit({"type": "action", "action": type(action).__name__})
         if self._on_action is not None:
-            await self._on_action(action)
+            try:
+                await self._on_action(action)
+            except ActionFailed as exc:
+                log.warning("call %s: %s failed: %s", self.call_id, action, exc.reason)
+                # This task is the response ending: the caller hears why in the next one.
+                self._response = asyncio.create_task(self._announce(exc.say))
+                return exc.reason
         elif isinstance(action, EndCall):
             self.transport.hang_up(f"ended by the agent: {action.reason}")
         else:
             log.warning("call %s: nothing here can carry out %s", self.call_id, action)
+        return None
+
+    def _correct_result(self, tool_call_id: str, failure: str) -> None:
+        """The history's result of `tool_call_id` becomes the failure: the model must not
+        believe it happened."""
+        for index, message in enumerate(self.history):
+            if message.role == "tool" and message.tool_call_id == tool_call_id:
+                output = json.dumps({"error": f"not done: {failure}"})
+                self.history[index] = ChatMessage("tool", output, tool_call_id=tool_call_id)
 
     def _confirm_turn(self, turn: int, said: str) -> None:
         """The caller's words are a turn being answered: show them, and carry nothing over."""

@@ -98,6 +98,17 @@ class SendDigits:
 CallAction = Transfer | EndCall | SendDigits
 
 
+class ActionFailed(Exception):
+    """Raised by whoever carries out a `CallAction` that could not be done (a provider refused
+    the transfer): `reason` goes into the history in place of the tool's result, and `say` is
+    told to the caller."""
+
+    def __init__(self, reason: str, say: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.say = say
+
+
 @dataclass(frozen=True)
 class ToolResult:
     """What a call gave back: `output` is what the model reads (JSON text). `ok` is False for

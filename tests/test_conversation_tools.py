@@ -5,13 +5,14 @@ before it has been heard. The history keeps every call with its result."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from pipeline.conversation import Conversation, ConversationSettings
 from pipeline.llm.client import ChatMessage
 from pipeline.tool_turns import INTERRUPTED, NOT_DONE, ToolSettings
-from pipeline.tools import CallAction, EndCall, ToolCall
+from pipeline.tools import ActionFailed, CallAction, EndCall, ToolCall, Transfer
 from pipeline.transport import HangUp, InboundEvent
 from tests.support.conversation import (
     PhoneLine,
@@ -280,3 +281,37 @@ async def test_one_turn_may_take_several_rounds_and_stops_asking_after_the_cap()
     # with the apology rather than silence.
     assert len(llm.requests) == 3 and llm.replies == ["Never heard."]
     assert record.reply_text == call.settings.apology
+
+
+async def test_an_action_that_fails_is_told_and_the_history_no_longer_says_it_happened() -> None:
+    line = PhoneLine()
+    put_through = ToolCall("call_t", "transfer_to_human", '{"reason": "asked"}')
+    llm = ScriptedLLM([("", [put_through]), "I'm putting you through now."])
+    transfer = Transfer("+15551230001", reason="asked")
+    tools = ScriptedToolbox(
+        {"transfer_to_human": '{"status": "transferring"}'}, actions={"transfer_to_human": transfer}
+    )
+    failed = asyncio.Event()
+
+    async def act(action: CallAction) -> None:
+        failed.set()
+        raise ActionFailed("the provider refused (HTTP 422)", "Sorry, I couldn't put you through.")
+
+    call = conversation(line, llm, tools, ["a person please"], on_action=act)
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        async for event in speak(utterance("A person please")):
+            yield event
+        await failed.wait()
+        async for event in speak(silence(1500)):  # still on the line while the bot explains
+            yield event
+        await line.reached(line.queued_samples)
+        yield HangUp("caller hung up")
+
+    line.script = caller
+    await call.run()
+
+    result = next(m for m in call.history if m.role == "tool")
+    assert result.tool_call_id == "call_t"
+    assert json.loads(result.content) == {"error": "not done: the provider refused (HTTP 422)"}
+    assert call.history[-1] == ChatMessage("assistant", "Sorry, I couldn't put you through.")

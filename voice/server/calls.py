@@ -18,7 +18,7 @@ from pipeline.llm.client import ChatMessage
 from pipeline.llm.routing import Policy, TierRouter
 from pipeline.records import TurnRecord
 from pipeline.services import SpeechRecognizer, SpeechSynthesizer
-from pipeline.tools import CallAction, EndCall, SendDigits, Transfer
+from pipeline.tools import ActionFailed, CallAction, EndCall, SendDigits, Transfer
 from pipeline.transport import Transport
 from voice.agents.runtime import Agents, ReadyAgent
 from voice.agents.transfer import CallControl, CallControlError
@@ -383,8 +383,8 @@ class Switchboard:
         """Put the caller through to a person: recorded (here and in Redis, for whichever
         worker the provider asks next), shown to the caller's screen, then the bot leaves the
         call. Twilio: closing the stream makes Twilio ask /twilio/after-stream, which dials;
-        Telnyx and Vonage: their call control API transfers the call first (if it fails, the
-        caller is told and the call goes on with the bot)."""
+        Telnyx and Vonage: their call control API transfers the call first (if it fails:
+        ActionFailed, the caller is told and the call goes on with the bot)."""
         if call.transport not in ("twilio", "webrtc"):
             # Telnyx, Vonage: the provider's call control moves the caller; then the bot leaves.
             control = self.call_control
@@ -398,8 +398,7 @@ class Switchboard:
                     failure = str(exc)
             if failure is not None:
                 log.error("call %s: transfer failed: %s", call.call_id, failure)
-                await call.conversation.say(self.settings.telephony.transfer_failed_message)
-                return
+                raise ActionFailed(failure, self.settings.telephony.transfer_failed_message)
         call.transfer = {"to": action.target, "reason": action.reason, "summary": action.summary}
         metrics.TRANSFERS.labels(transport=call.transport).inc()
         self.sessions.update_call(call.call_id, transfer=call.transfer)
