@@ -17,8 +17,7 @@ heard and the record it leaves, in `pipeline.replies`; speculation's gate, in
 `pipeline.speculation`; tool rounds, in `pipeline.tool_turns`. This module stays over 400
 lines because it is one state machine whose handlers share one call's state (the response
 task, the early transcript, the speculation, the words carried over); split into mixins, each
-part would read only with the others open. The keypad (about 50 lines) is the part that could
-leave first.
+part would read only with the others open (the keypad's own rules are in `pipeline.keypad`).
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ import soxr
 from pydantic import BaseModel, Field
 
 from pipeline.endpoint import leaves_hanging, sounds_finished
+from pipeline.keypad import Keypad
 from pipeline.llm.client import ChatMessage
 from pipeline.llm.errors import LLMError
 from pipeline.records import TurnClock, TurnRecord
@@ -155,8 +155,7 @@ class Conversation:
         self._tool_runner = ToolRunner(tools, self.tool_settings, transport, self._emit)
         self._on_action = on_action
         self.caller, self.callee = caller, callee
-        self._keypad: list[str] = []
-        self._keypad_timer: asyncio.TimerHandle | None = None
+        self._keypad = Keypad(self.settings.keypad_timeout_s, self._keypad_turn)
         self._response: asyncio.Task[None] | None = None
         # Caller speech whose reply was cut off before any of it played: it is answered together
         # with the next turn (as audio if it was cut during STT, else as text, whose record is
@@ -202,8 +201,7 @@ class Conversation:
                     break
         finally:
             self._ended = True
-            if self._keypad_timer is not None:
-                self._keypad_timer.cancel()
+            self._keypad.close()
             self._discard_speculation("the caller hung up")
             self._drop_early()
             await self._stop_response()
@@ -248,23 +246,13 @@ class Conversation:
         if self._on_key is not None and self._on_key(digit):
             return
         self._discard_speculation("a key was pressed")
-        if not self._keypad and self._response is not None and not self._response.done():
-            await self._interrupt()  # a key press cuts the reply short, as speech does
-        if self._keypad_timer is not None:
-            self._keypad_timer.cancel()
-        if digit != "#":
-            self._keypad.append(digit)
-        if digit == "#" or len(self._keypad) >= 32:
-            self._keypad_turn()
-        else:
-            loop = asyncio.get_running_loop()
-            self._keypad_timer = loop.call_later(self.settings.keypad_timeout_s, self._keypad_turn)
+        if not self._keypad.collecting and self._response is not None:
+            if not self._response.done():
+                await self._interrupt()  # a key press cuts the reply short, as speech does
+        self._keypad.press(digit)
 
-    def _keypad_turn(self) -> None:
-        """The keys pressed so far become one caller turn, as text for the LLM."""
-        digits, self._keypad, self._keypad_timer = self._keypad, [], None
-        if not digits:
-            return
+    def _keypad_turn(self, digits: list[str]) -> None:
+        """The keys pressed become one caller turn, as text for the LLM."""
         if self._response is not None and not self._response.done():
             self._response.cancel()
         text = f"(The caller pressed {' '.join(digits)} on the keypad.)"
@@ -300,7 +288,7 @@ class Conversation:
         if self.detector.settings.finished_silence_ms:
             task.add_done_callback(functools.partial(self._maybe_finished, pause.end_position))
         idle = self._response is None or self._response.done()
-        if self.settings.speculate and idle and not self._keypad:
+        if self.settings.speculate and idle and not self._keypad.collecting:
             words, gate = Unanswered(audio, TurnClock(pause.speech_ended_at), task), Gate()
             reply = asyncio.create_task(self._respond(words, task, gate))
             self._speculation = Speculation(pause.end_position, words, gate, reply)

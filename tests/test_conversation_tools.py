@@ -134,8 +134,9 @@ async def test_parallel_calls_run_at_once_and_each_result_is_kept() -> None:
 
     [record] = call.records
     assert [row["arguments"] for row in record.tools] == [c.arguments for c in calls]
-    # Both ran at once: the round took less than the two tools one after the other.
-    assert record.tools_ms is not None and record.tools_ms < 2 * 300
+    # Both ran at once: each started before the other had finished.
+    first, second = tools.results
+    assert max(first.started_at, second.started_at) < min(first.ended_at, second.ended_at)
     assert [m.tool_call_id for m in call.history if m.role == "tool"] == ["call_a", "call_b"]
 
 

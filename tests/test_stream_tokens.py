@@ -8,7 +8,7 @@ import pytest
 from pydantic import SecretStr
 
 from voice.server.app import _warn_if_exposed
-from voice.server.calls import valid_call_id
+from voice.server.call_records import valid_call_id
 from voice.server.settings import Settings, TelephonySettings
 from voice.transports.phone.tokens import InvalidToken, StreamTokens
 

@@ -36,14 +36,8 @@ from tests.support.server import free_port
 from voice.agents.http_tools import verify
 from voice.cluster.records import RegistrySettings, RegistryUnavailable
 from voice.cluster.store import connect
-from voice.cluster.webhooks import (
-    MAX_BODY_BYTES,
-    WebhookOutbox,
-    WebhookSettings,
-    delivery_key,
-    due_key,
-    json_body,
-)
+from voice.cluster.webhook_store import MAX_BODY_BYTES, delivery_key, due_key, json_body
+from voice.cluster.webhooks import WebhookOutbox, WebhookSettings
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -150,6 +150,7 @@ class ScriptedToolbox:
         self.started: list[tuple[ToolCall, ToolContext]] = []
         self.running = asyncio.Event()  # set when a call starts
         self.cancelled: list[str] = []
+        self.results: list[ToolResult] = []
 
     def specs(self) -> Sequence[ToolSpec]:
         return [ToolSpec(name, f"the {name} tool") for name in self.outputs]
@@ -167,13 +168,15 @@ class ScriptedToolbox:
             self.cancelled.append(call.id)
             raise
         action = self.actions.get(call.name)
-        return ToolResult(
+        result = ToolResult(
             call,
             self.outputs[call.name],
             started_at=started,
             ended_at=time.monotonic(),
             action=action,  # type: ignore[arg-type]
         )
+        self.results.append(result)
+        return result
 
 
 class ToneTTS:

@@ -122,7 +122,8 @@ def verify(
 
 
 @cache
-def _user_agent() -> str:
+def user_agent() -> str:
+    """`Hotline/<version>`: the User-Agent of every request Hotline sends out."""
     try:
         version = importlib.metadata.version("hotline")
     except importlib.metadata.PackageNotFoundError:
@@ -229,7 +230,7 @@ class HttpTool:
         ).encode()
         headers = httpx.Headers(self.config.headers)
         headers["Content-Type"] = "application/json"
-        headers["User-Agent"] = _user_agent()
+        headers["User-Agent"] = user_agent()
         headers[CALL_ID_HEADER] = context.call_id
         headers[SIGNATURE_HEADER] = sign(self._secret, body, int(time.time()))
 

@@ -67,13 +67,6 @@ class Agents:
                 raise AgentSetupError(f"agent {agent.name!r} declares HTTP tools: no HTTP client")
             self._ready[agent.name] = _ready(agent, tts, tts_settings, client, signing_secret)
 
-    @classmethod
-    def default_only(cls, tts: TextToSpeech, tts_settings: TTSSettings) -> Agents:
-        """The built-in agent alone: today's behaviour, no tools (no HTTP client needed)."""
-        return cls(
-            AgentDirectory({}), tts=tts, tts_settings=tts_settings, client=None, signing_secret=None
-        )
-
     def voices(self) -> list[TextToSpeech]:
         """Each distinct voice the agents speak with (to warm up once)."""
         return list({id(r.tts): r.tts for r in self._ready.values()}.values())

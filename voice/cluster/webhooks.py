@@ -51,17 +51,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
-import importlib.metadata
-import json
 import logging
 import random
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC
-from functools import cache
 from typing import Any, Self, cast
 
 import httpx
@@ -72,16 +67,24 @@ from redis.exceptions import RedisError
 from voice.agents.http_tools import CALL_ID_HEADER, SIGNATURE_HEADER, sign
 from voice.cluster.records import RegistryUnavailable
 from voice.cluster.store import REDIS_UNREACHABLE, Args, not_cancelled, text
+from voice.cluster.webhook_http import Answer, post
+from voice.cluster.webhook_store import (
+    CLAIM,
+    ENQUEUE,
+    FINISH,
+    MAX_BODY_BYTES,
+    delivery_key,
+    due_key,
+    json_body,
+)
 
 log = logging.getLogger(__name__)
 
 DELIVERY_HEADER = "X-Hotline-Delivery"
 EVENT_HEADER = "X-Hotline-Event"
 CALL_ENDED = "call.ended"
-MAX_BODY_BYTES = 1_000_000  # a bigger document is refused by `enqueue`
 POLL_S = 1.0  # the longest `run` sleeps before looking at the due set again
 JITTER = 0.25  # a retry comes up to this fraction of its backoff sooner
-_ERROR_TEXT_CHARS = 200  # of a non-2xx answer's body, in `last_error`
 _RETRYABLE = frozenset({408, 429})
 
 
@@ -115,60 +118,6 @@ class WebhookSettings(BaseModel):
         return self.lease_s if self.lease_s is not None else self.timeout_s + 10.0
 
 
-def due_key(prefix: str) -> str:
-    return f"{{{prefix}}}:webhooks:due"
-
-
-def delivery_key(prefix: str, delivery_id: str) -> str:
-    return f"{{{prefix}}}:webhook:{delivery_id}"
-
-
-# KEYS: due, delivery. ARGV: id, due at, expire s, field/value pairs. Idempotent: a retry after
-# a lost reply finds the delivery there and leaves it.
-_ENQUEUE = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 4))
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-return 1
-"""
-# KEYS: due, then each candidate's delivery. ARGV: now, lease until, claim token, worker, then
-# each candidate's id. Returns {id, call_id, event, body, enqueued_at, attempts} per claim.
-_CLAIM = """
-local claimed = {}
-for i = 2, #KEYS do
-  local id = ARGV[i + 3]
-  local score = redis.call('ZSCORE', KEYS[1], id)
-  if score and tonumber(score) <= tonumber(ARGV[1]) then
-    if redis.call('HGET', KEYS[i], 'state') == 'pending' then
-      redis.call('ZADD', KEYS[1], ARGV[2], id)
-      redis.call('HINCRBY', KEYS[i], 'attempts', 1)
-      redis.call('HSET', KEYS[i], 'claim', ARGV[3], 'worker', ARGV[4], 'last_attempt_at', ARGV[1])
-      local d = redis.call('HMGET', KEYS[i], 'call_id', 'event', 'body', 'enqueued_at', 'attempts')
-      table.insert(claimed, {id, d[1], d[2], d[3], d[4], d[5]})
-    else
-      redis.call('ZREM', KEYS[1], id)
-    end
-  end
-end
-return claimed
-"""
-# KEYS: due, delivery. ARGV: id, claim token, next attempt at ('' when final), retention s,
-# field/value pairs. Only the holder of the latest claim records; 0 for anyone else.
-_FINISH = """
-if redis.call('HGET', KEYS[2], 'claim') ~= ARGV[2] then return 0 end
-redis.call('HSET', KEYS[2], unpack(ARGV, 5))
-if ARGV[3] == '' then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('HDEL', KEYS[2], 'body')
-  redis.call('EXPIRE', KEYS[2], ARGV[4])
-else
-  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-end
-return 1
-"""
-
-
 @dataclass(frozen=True)
 class _Claimed:
     delivery_id: str
@@ -178,13 +127,6 @@ class _Claimed:
     enqueued_at: float
     attempts: int
     token: str
-
-
-@dataclass(frozen=True)
-class _Answer:
-    status: int | None  # None: no answer (timeout, connection)
-    error: str | None
-    retry_after_s: float | None = None
 
 
 class WebhookOutbox:
@@ -209,9 +151,9 @@ class WebhookOutbox:
         self._due = due_key(prefix)
         self._wake = asyncio.Event()
         self._running = False
-        self._enqueue = redis.register_script(_ENQUEUE)
-        self._claim_script = redis.register_script(_CLAIM)
-        self._finish = redis.register_script(_FINISH)
+        self._enqueue = redis.register_script(ENQUEUE)
+        self._claim_script = redis.register_script(CLAIM)
+        self._finish = redis.register_script(FINISH)
 
     def __repr__(self) -> str:  # never the secret
         return f"WebhookOutbox(worker={self.worker_id!r}, prefix={self._prefix!r})"
@@ -372,43 +314,18 @@ class WebhookOutbox:
         except Exception:  # a bug must not end the loop; the lease sends it again
             log.exception("webhook: delivery %s failed unexpectedly", delivery.delivery_id)
 
-    async def _send(self, delivery: _Claimed) -> _Answer:
+    async def _send(self, delivery: _Claimed) -> Answer:
         headers = {
-            "Content-Type": "application/json",
-            "User-Agent": _user_agent(),
             SIGNATURE_HEADER: sign(self._secret, delivery.body, int(time.time())),
             DELIVERY_HEADER: delivery.delivery_id,
             EVENT_HEADER: delivery.event,
             CALL_ID_HEADER: delivery.call_id,
         }
-        timeout_s = self.settings.timeout_s
-        try:
-            async with (
-                asyncio.timeout(timeout_s),
-                self._client.stream(
-                    "POST",
-                    self._url,
-                    content=delivery.body,
-                    headers=headers,
-                    timeout=timeout_s,
-                    follow_redirects=False,
-                ) as response,
-            ):
-                status = response.status_code
-                if 200 <= status < 300:
-                    return _Answer(status, None)
-                said = await _read_some(response, _ERROR_TEXT_CHARS)
-                error = f"HTTP {status}" + (f": {said}" if said else "")
-                wait = _retry_after_s(response.headers.get("Retry-After"), self._clock())
-                return _Answer(status, error, wait)
-        except (TimeoutError, httpx.TimeoutException):
-            return _Answer(None, f"no answer within {timeout_s:g} s")
-        except httpx.ConnectError:
-            return _Answer(None, "the receiver could not be reached")
-        except httpx.HTTPError as exc:  # reset mid-answer, a broken answer
-            return _Answer(None, f"the answer broke off ({type(exc).__name__})")
+        return await post(
+            self._client, self._url, delivery.body, headers, self.settings.timeout_s, self._clock
+        )
 
-    async def _settle(self, delivery: _Claimed, answer: _Answer) -> None:
+    async def _settle(self, delivery: _Claimed, answer: Answer) -> None:
         """Decide what the answer means, log it, record it."""
         settings, now, status = self.settings, self._clock(), answer.status
         fields = {"last_status": "" if status is None else str(status)}
@@ -478,52 +395,3 @@ class WebhookOutbox:
         if self.healthy:
             log.warning("webhook: Redis unreachable (%s); deliveries wait", exc)
         self.healthy = False
-
-
-def json_body(document: Mapping[str, Any]) -> bytes:
-    """`document` as compact UTF-8 JSON (\\u escapes only for a lone surrogate); ValueError if
-    it is not JSON (NaN and infinities are not)."""
-    try:
-        body = json.dumps(
-            dict(document), separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"a webhook document must be JSON: {exc}") from exc
-    try:
-        return body.encode()
-    except UnicodeEncodeError:
-        return json.dumps(dict(document), separators=(",", ":"), allow_nan=False).encode()
-
-
-def _retry_after_s(value: str | None, now: float) -> float | None:
-    """A `Retry-After` header in seconds from `now`: delta seconds or an HTTP date."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isascii() and value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, when.timestamp() - now)
-
-
-async def _read_some(response: httpx.Response, chars: int) -> str:
-    """The start of a (refusing) answer's text, for `last_error`; never the whole of it."""
-    raw = b""
-    async for chunk in response.aiter_bytes():
-        raw += chunk
-        if len(raw) >= chars * 4:
-            break
-    return raw.decode(errors="replace").strip()[:chars]
-
-
-@cache
-def _user_agent() -> str:
-    try:
-        return f"Hotline/{importlib.metadata.version('hotline')}"
-    except importlib.metadata.PackageNotFoundError:
-        return "Hotline/dev"

@@ -15,7 +15,8 @@ from voice.cluster.records import RegistryUnavailable
 from voice.server import metrics
 from voice.server.api import error, read_body, read_json_body
 from voice.server.auth import require_token
-from voice.server.calls import CallsFull, Switchboard, valid_call_id
+from voice.server.call_records import CallsFull, valid_call_id
+from voice.server.calls import Switchboard
 from voice.server.routes import switchboard
 from voice.server.settings import Settings
 from voice.server.urls import http_url, websocket_url

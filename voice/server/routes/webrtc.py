@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from voice.server.api import error, read_json_body
 from voice.server.auth import require_token
-from voice.server.calls import CallsFull
+from voice.server.call_records import CallsFull
 from voice.server.routes import switchboard
 from voice.server.settings import Settings
 from voice.transports.webrtc import WebRTCTransport, shorten_jitter_buffer

@@ -1,0 +1,145 @@
+"""A call as the switchboard keeps it (`Call`, from admission to hang-up) and as the calls API
+and the post-call webhook show it (`CallRecord`, all that is kept once it ended); what may be a
+call id; why a call may not start (`CallsFull`)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass, field
+
+from pipeline.conversation import Conversation
+from pipeline.llm.client import ChatMessage
+from pipeline.records import TurnRecord
+from voice.agents.runtime import ReadyAgent
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """A call as the calls API shows it: summary fields, turn records and the history the caller
+    heard. Of an ended call the switchboard keeps only this, never its conversation (transport,
+    audio buffers, resamplers, LLM streams), which would cost memory for every call kept."""
+
+    call_id: str
+    transport: str
+    caller: str | None
+    callee: str | None
+    started_at: float
+    ended_at: float | None
+    wants_human: bool
+    experiment: str | None
+    arm: str | None
+    end_reason: str | None
+    records: tuple[TurnRecord, ...]
+    history: tuple[ChatMessage, ...]
+    transfer: dict[str, str] | None = None  # where the caller was put through: to, reason, summary
+    agent: str = "default"  # the agent that answered
+
+    @property
+    def state(self) -> str:
+        return "ended" if self.ended_at is not None else "active"
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "call_id": self.call_id,
+            "transport": self.transport,
+            "caller": self.caller,
+            "callee": self.callee,
+            "state": self.state,
+            "started_at": self.started_at,
+            "ended_at": self.ended_at,
+            "turns": len(self.records),
+            "wants_human": self.wants_human,
+            "experiment": self.experiment,
+            "arm": self.arm,
+            "end_reason": self.end_reason,
+            "transfer": self.transfer,
+            "agent": self.agent,
+        }
+
+    def detail(self) -> dict[str, object]:
+        return {
+            **self.summary(),
+            "records": [record.to_dict() for record in self.records],
+            "history": [_message(m) for m in self.history],
+        }
+
+
+@dataclass
+class Call:
+    """One call from admission to hang-up."""
+
+    call_id: str
+    transport: str
+    conversation: Conversation
+    caller: str | None = None
+    callee: str | None = None
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    wants_human: bool = False  # the caller asked for a person (keypad)
+    experiment: str | None = None
+    arm: str | None = None
+    task: asyncio.Task[None] | None = None
+    transfer: dict[str, str] | None = None  # set when the agent puts the caller through
+    agent: ReadyAgent | None = None
+
+    @property
+    def state(self) -> str:
+        return "ended" if self.ended_at is not None else "active"
+
+    def record(self) -> CallRecord:
+        """The call as it stands now; later turns do not change the copy."""
+        conversation = self.conversation
+        return CallRecord(
+            self.call_id,
+            self.transport,
+            self.caller,
+            self.callee,
+            self.started_at,
+            self.ended_at,
+            self.wants_human,
+            self.experiment,
+            self.arm,
+            conversation.end_reason,
+            tuple(conversation.records),
+            tuple(conversation.history),
+            self.transfer,
+            self.agent.name if self.agent is not None else "default",
+        )
+
+    def summary(self) -> dict[str, object]:
+        return self.record().summary()
+
+    def detail(self) -> dict[str, object]:
+        return self.record().detail()
+
+
+def _message(message: ChatMessage) -> dict[str, object]:
+    """A history message for the calls API: role and content, and a tool call's or result's
+    ids and arguments."""
+    out: dict[str, object] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+class CallsFull(Exception):
+    """The call may not start: `reason` is capacity, draining, duplicate, or what Redis said."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"call refused: {reason}")
+        self.reason = reason
+
+
+# A provider's call id (Twilio CallSid, Telnyx call_control_id, Vonage uuid) becomes ours: it
+# goes into logs, Redis keys and URLs, so only plain characters are accepted.
+_CALL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def valid_call_id(call_id: str) -> bool:
+    return _CALL_ID.fullmatch(call_id) is not None
