@@ -246,9 +246,9 @@ class Conversation:
         if self._on_key is not None and self._on_key(digit):
             return
         self._discard_speculation("a key was pressed")
-        if not self._keypad.collecting and self._response is not None:
-            if not self._response.done():
-                await self._interrupt()  # a key press cuts the reply short, as speech does
+        replying = self._response is not None and not self._response.done()
+        if replying and not self._keypad.collecting:
+            await self._interrupt()  # a key press cuts the reply short, as speech does
         self._keypad.press(digit)
 
     def _keypad_turn(self, digits: list[str]) -> None:
