@@ -130,12 +130,14 @@ class Conversation:
         on_action: Callable[[CallAction], Awaitable[None]] | None = None,
         caller: str | None = None,
         callee: str | None = None,
+        notice: str | None = None,
     ) -> None:
         """`on_key(digit)` sees each DTMF key first; returning True consumes it (e.g. "0" for a
         person); other keys are collected into a keypad turn that the LLM answers. `tools` are
         the ones the LLM may call (`pipeline.tool_turns`); `on_action` carries out what a tool
         asks of the call (put through, hang up, press keys) once the reply before it has been
-        heard; without it, only hanging up is done (here)."""
+        heard; without it, only hanging up is done (here). `notice` is said before the greeting
+        (e.g. "this call is recorded"); a `notice_played` event follows it, heard or cut off."""
         self.call_id = call_id
         self.transport = transport
         self.stt = stt
@@ -155,6 +157,7 @@ class Conversation:
         self._tool_runner = ToolRunner(tools, self.tool_settings, transport, self._emit)
         self._on_action = on_action
         self.caller, self.callee = caller, callee
+        self.notice = notice
         self._keypad = Keypad(self.settings.keypad_timeout_s, self._keypad_turn)
         self._response: asyncio.Task[None] | None = None
         # Caller speech whose reply was cut off before any of it played: it is answered together
@@ -180,8 +183,8 @@ class Conversation:
         """Serve the call until the caller hangs up or the transport ends."""
         log.info("call %s: conversation started", self.call_id)
         try:
-            if self.settings.greeting:
-                self._response = asyncio.create_task(self._announce(self.settings.greeting))
+            if self.notice or self.settings.greeting:
+                self._response = asyncio.create_task(self._opening())
             async for event in self.transport.inbound():
                 if isinstance(event, AudioIn):
                     for found in self.detector.push(event.pcm, event.at):
@@ -667,6 +670,16 @@ class Conversation:
                 exc_info=True,
             )
             return None
+
+    async def _opening(self) -> None:
+        """The notice (if any), then the greeting (if any)."""
+        if self.notice:
+            try:
+                await self._announce(self.notice)
+            finally:
+                self._emit({"type": "notice_played"})
+        if self.settings.greeting:
+            await self._announce(self.settings.greeting)
 
     async def _announce(self, text: str, then: CallAction | None = None) -> None:
         """Speak a fixed text (greeting, operator message); history keeps what was heard."""

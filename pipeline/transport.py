@@ -56,12 +56,63 @@ async def until_hang_up(queue: asyncio.Queue[InboundEvent]) -> AsyncIterator[Inb
             return
 
 
+class AudioTap(Protocol):
+    """Something that follows a call's audio as it happens (a recorder, a supervisor listening
+    in). Times are `time.monotonic()`. It must return at once: it is called on the event loop."""
+
+    def caller(self, pcm: PCM, at: float) -> None:
+        """Caller audio (16 kHz) whose last sample arrived at `at`."""
+        ...
+
+    def heard(self, pcm: PCM, at: float) -> None:
+        """Reply audio (16 kHz) that starts playing to the caller at `at`."""
+        ...
+
+    def cut(self, at: float) -> None:
+        """Reply audio said to play from `at` on will not be heard after all (barge-in)."""
+        ...
+
+
+class Taps:
+    """The taps on one call's audio, each told in turn; a transport owns one and reports to it."""
+
+    def __init__(self) -> None:
+        self._taps: list[AudioTap] = []
+
+    def add(self, tap: AudioTap) -> None:
+        self._taps.append(tap)
+
+    def remove(self, tap: AudioTap) -> None:
+        if tap in self._taps:
+            self._taps.remove(tap)
+
+    def __bool__(self) -> bool:
+        return bool(self._taps)
+
+    def caller(self, pcm: PCM, at: float) -> None:
+        for tap in self._taps:
+            tap.caller(pcm, at)
+
+    def heard(self, pcm: PCM, at: float) -> None:
+        for tap in self._taps:
+            tap.heard(pcm, at)
+
+    def cut(self, at: float) -> None:
+        for tap in self._taps:
+            tap.cut(at)
+
+
 class PlaybackCleared(Exception):
     """Raised to whoever waits on an outbound position that `clear()` dropped."""
 
 
 class Transport(Protocol):
-    """What a `Conversation` needs from the wire: frames in, paced audio out, flush, close."""
+    """What a `Conversation` needs from the wire: frames in, paced audio out, flush, close.
+
+    `taps` is told the call's audio as it crosses the wire both ways (recording, listen-in).
+    """
+
+    taps: Taps
 
     def inbound(self) -> AsyncIterator[InboundEvent]:
         """Caller audio and events, in arrival order; ends when the call ends."""

@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright
 
+from tests.support.browser import chromium
 from tests.support.server import Server
 from tests.support.speech import concat, espeak, silence, write_wav
 
 pytestmark = pytest.mark.slow
-
-CHROMIUM = "/usr/bin/chromium"
 
 
 async def test_softphone_page_places_a_call(server: Server, tmp_path: Path) -> None:
@@ -25,22 +24,11 @@ async def test_softphone_page_places_a_call(server: Server, tmp_path: Path) -> N
         speech, concat(silence(1500), espeak("I need a taxi to the airport."), silence(30_000))
     )
     async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--use-fake-ui-for-media-stream",
-                "--use-fake-device-for-media-stream",
-                f"--use-file-for-fake-audio-capture={speech}",
-                "--allow-loopback-in-peer-connection",
-                "--autoplay-policy=no-user-gesture-required",
-            ],
+        browser = await chromium(
+            playwright,
+            "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={speech}",
         )
         try:
             page = await browser.new_page()

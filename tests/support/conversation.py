@@ -23,6 +23,7 @@ from pipeline.transport import (
     AudioIn,
     InboundEvent,
     PlaybackCleared,
+    Taps,
 )
 from tests.support.speech import concat, espeak, frames, silence
 
@@ -196,6 +197,7 @@ class PhoneLine:
 
     def __init__(self) -> None:
         self.script: Callable[[PhoneLine], AsyncIterator[InboundEvent]] | None = None
+        self.taps = Taps()
         self.events: list[dict[str, object]] = []
         self.clears = 0
         self._queued = 0

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ def start_server(extra_env: dict[str, str] | None = None, timeout_s: float = 120
         **os.environ,
         "HOTLINE_WEBRTC__ICE_HOST_ADDRESSES": '["127.0.0.1"]',
         "HOTLINE_WEBRTC__CONNECT_TIMEOUT_S": "5",
+        "HOTLINE_RECORDINGS__DIR": tempfile.mkdtemp(prefix="hotline-recordings-"),
         "PYTHONUNBUFFERED": "1",
         **(extra_env or {}),
     }

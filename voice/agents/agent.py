@@ -33,6 +33,7 @@ from pydantic import (
 from pipeline.llm.routing import Policy
 from pipeline.tts import BUNDLED_VOICE, voice_files
 from voice.agents.http_tools import HttpToolConfig
+from voice.recordings.settings import RecordingMode
 
 BuiltinTool = Literal["transfer_to_human", "end_call", "send_dtmf"]
 BUILTIN_TOOLS: tuple[BuiltinTool, ...] = ("transfer_to_human", "end_call", "send_dtmf")
@@ -65,7 +66,8 @@ def _e164(value: str) -> str:
     return number
 
 
-def _destination(value: str) -> str:
+def destination(value: str) -> str:
+    """A number (E.164) or SIP URI to put a call through to; ValueError if it is neither."""
     if _SIP_URI.match(value.strip()):
         return value.strip()
     number = normalise_number(value)
@@ -77,7 +79,7 @@ def _destination(value: str) -> str:
 PhoneNumber = Annotated[str, BeforeValidator(_unquoted_number), AfterValidator(_e164)]
 """A called number in E.164 (``+`` and 8-15 digits), stored without punctuation."""
 
-Destination = Annotated[str, BeforeValidator(_unquoted_number), AfterValidator(_destination)]
+Destination = Annotated[str, BeforeValidator(_unquoted_number), AfterValidator(destination)]
 """Where a transfer goes: an E.164 number or a ``sip:``/``sips:`` URI."""
 
 
@@ -215,6 +217,13 @@ class Agent(_Strict):
     http_tools: list[AgentHttpTool] = Field(default_factory=list, alias="tools")
     holding: Holding | None = Field(
         default_factory=Holding, description="None: say nothing while a tool runs."
+    )
+    recording: RecordingMode | None = Field(
+        default=None,
+        description="on, off, or announce (the notice is said first, then recording starts).",
+    )
+    recording_notice: str | None = Field(
+        default=None, min_length=1, description="What announce says before recording."
     )
 
     @classmethod

@@ -92,20 +92,34 @@ def simulate(
     csv: CsvOption = None,
     reference: ReferenceOption = None,
     resamples: ResamplesOption = 2000,
+    recording: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Replay this recorded call's caller (a stereo Ogg/Opus file, or a directory of "
+            "them) instead of the scripted callers; repeatable",
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option()] = "warning",
 ) -> None:
-    """Replay utterances through the real pipeline against the tier simulator, for every arm."""
+    """Replay utterances through the real pipeline against the tier simulator, for every arm.
+
+    Or replay recorded calls (--recording): each one's caller, split at their pauses, is a call.
+    """
     from voice.cli.logs import setup_logging
+    from voice.experiments.recorded import load_recorded_calls
     from voice.experiments.simulate import load_simulation, simulate
 
     setup_logging(log_level)
     try:
         sim = load_simulation(config)
-    except ValueError as exc:
+        recorded = load_recorded_calls([*sim.recordings, *(recording or [])], sim.split)
+    except ValueError as exc:  # RecordingError is one
         raise _fail(str(exc)) from exc
     arms = ", ".join(arm.name for arm in sim.experiment.arms)
-    turns = sim.calls * sim.turns_per_call
-    console.print(f"simulating {sim.experiment.name}: {turns} turns for each arm ({arms})")
+    turns = sum(len(c.utterances) for c in recorded) or sim.calls * sim.turns_per_call
+    callers = f" from {len(recorded)} recorded calls" if recorded else ""
+    console.print(f"simulating {sim.experiment.name}: {turns} turns for each arm ({arms}){callers}")
     with out.open("w", encoding="utf-8") as sink:
 
         def write(record: dict[str, Any]) -> None:
@@ -114,13 +128,13 @@ def simulate(
             first_audio = record["timings_ms"].get("first_audio")
             decision = record.get("decision") or {}
             console.print(
-                f"  {record['arm']:>16} turn {record['turn']:>3}: "
+                f"  {record['arm']:>16} {record['call_id']} turn {record['turn']:>3}: "
                 f"{'-' if first_audio is None else f'{first_audio:.0f}'} ms, "
                 f"{decision.get('effort')} on {decision.get('tier')} ({decision.get('taken')})",
                 highlight=False,
             )
 
-        records = asyncio.run(simulate(sim, on_record=write))
+        records = asyncio.run(simulate(sim, on_record=write, recorded=recorded))
     console.print(f"{len(records)} turn records written to {out}")
     _report(records, sim.experiment.name, plot, csv, reference, resamples)
 

@@ -56,6 +56,10 @@ class RegisteredCall:
     # Where the agent put the caller through: {"to", "reason", "summary"}; read by the provider
     # webhook that asks what to do once the bot's stream has ended (Twilio `<Connect action>`).
     transfer: dict[str, str] | None = None
+    agent: str | None = None  # the agent that answers
+    # Where its recording is: {"worker_id", "file", "duration_s", "bytes", "s3_key", ...}
+    # (voice.recordings.calls.RecordingLocation), once the call has ended.
+    recording: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from voice.cluster.records import (
     WorkerInfo,
 )
 from voice.cluster.store import (
+    ENDED_KEPT,
     EVENTS_KEPT,
     REDIS_UNREACHABLE,
     Args,
@@ -42,6 +43,7 @@ from voice.cluster.store import (
     connect,
     decode,
     encode,
+    ended_key,
     event_json,
     index_experiment_call,
     not_cancelled,
@@ -244,6 +246,12 @@ class CallRegistry(Liveness, ControlChannel):
             args = [retention, op.event, "replace", *encode(op.call)]
             await self._scripts["write_call"](keys=keys, args=args)
             await index_experiment_call(self.redis, self._prefix, op.call, retention)
+            if op.kind == "end":
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    ended = ended_key(self._prefix)
+                    pipe.zadd(ended, {op.call.call_id: time.time()})
+                    pipe.zremrangebyrank(ended, 0, -ENDED_KEPT - 1)
+                    await pipe.execute()
 
     # -- the cluster, read from any worker ---------------------------------------------------
 
@@ -271,6 +279,34 @@ class CallRegistry(Liveness, ControlChannel):
             if record  # admitted a moment ago: its record is on its way
         ]
         return sorted(calls, key=lambda call: call.started_at)
+
+    async def ended_calls(self, limit: int = 50) -> list[RegisteredCall]:
+        """The calls that ended last across the cluster, newest first (within retention)."""
+        ended = ended_key(self._prefix)
+        [ids] = await self._batch(lambda p: p.zrevrange(ended, 0, max(0, limit - 1)))
+        ids = [text(i) for i in ids]
+        records = await self._batch(
+            lambda p: [p.hgetall(call_keys(self._prefix, i)[0]) for i in ids]
+        )
+        pairs = zip(ids, records, strict=True)
+        return [decode(RegisteredCall, r, call_id=i) for i, r in pairs if r]
+
+    async def turn_counts(self, call_ids: list[str]) -> dict[str, int]:
+        """How many turns each call has had so far."""
+        counts = await self._batch(
+            lambda p: [p.xlen(call_keys(self._prefix, i)[1]) for i in call_ids]
+        )
+        return {i: int(n) for i, n in zip(call_ids, counts, strict=True)}
+
+    async def annotate(self, call_id: str, **fields: Any) -> None:
+        """Add fields to the record of a call that has ended (e.g. where its recording was
+        copied); RegistryUnavailable if Redis cannot be written."""
+        record_key = call_keys(self._prefix, call_id)[0]
+        mapping = {name: json.dumps(value) for name, value in fields.items()}
+        retention = self.settings.retention_s
+        await self._batch(
+            lambda p: (p.hset(record_key, mapping=mapping), p.expire(record_key, retention))
+        )
 
     async def get_call(self, call_id: str) -> tuple[RegisteredCall, list[dict[str, Any]]] | None:
         """The call's record and its turns in order; None if unknown or past retention."""

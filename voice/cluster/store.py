@@ -80,6 +80,14 @@ def call_keys(prefix: str, call_id: str) -> list[str]:
     return [f"{prefix}:call:{{{call_id}}}:{k}" for k in ("record", "turns", "events")]
 
 
+def ended_key(prefix: str) -> str:
+    """The calls that ended last, by when (a sorted set, trimmed to `ENDED_KEPT`)."""
+    return f"{{{prefix}}}:ended"
+
+
+ENDED_KEPT = 500
+
+
 def claim_key(prefix: str, kind: str, name: str) -> str:
     """A name taken once across the cluster: a call id, a stream token's nonce."""
     return f"{prefix}:claim:{kind}:{{{name}}}"

@@ -12,6 +12,10 @@ real time. End of turn, early transcription and the turn's zero therefore behave
 call, without waiting out the speech. Reply audio counts as sent and heard as soon as it is
 queued: first audio is when the server would start sending. The next utterance follows as soon
 as the turn is recorded, with no time spent listening to the reply.
+
+Callers are scripted (`utterances`, dealt out as `calls` x `turns_per_call`) or recorded
+(`recordings`: each call's caller channel, split at its pauses; `voice.experiments.recorded`).
+A recorded call is one simulated call per arm, its call id the recording's (the file's stem).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +39,20 @@ from pipeline.llm.settings import ControllerSettings, LLMSettings
 from pipeline.records import TurnRecord
 from pipeline.sentences import SentenceSettings
 from pipeline.stt import SpeechToText, STTSettings
-from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE, AudioIn, HangUp, InboundEvent
+from pipeline.transport import (
+    FRAME_SAMPLES,
+    PCM,
+    SAMPLE_RATE,
+    AudioIn,
+    HangUp,
+    InboundEvent,
+    Taps,
+)
 from pipeline.tts import TextToSpeech, TTSSettings
 from pipeline.turns import TurnSettings
 from voice.audio import frames, resample
 from voice.experiments.arms import Arm, Experiment
+from voice.experiments.recorded import RecordedCall, RecordingSplit, load_recorded_calls
 from voice.llm_sim.simulator import (
     SimulatorSettings,
     change_tier,
@@ -78,6 +92,13 @@ class Simulation(BaseModel):
     calls: int = Field(default=3, ge=1, description="Calls per arm.")
     turns_per_call: int = Field(default=10, ge=1)
     utterances: list[str] = Field(default_factory=lambda: list(DEFAULT_UTTERANCES), min_length=1)
+    recordings: list[Path] = Field(
+        default_factory=list,
+        description="Recorded calls (files, or directories of *.ogg) to replay instead of the "
+        "scripted callers: one call each, whatever `calls` and `turns_per_call` say. Relative "
+        "paths are read from the simulation file's directory.",
+    )
+    split: RecordingSplit = Field(default_factory=RecordingSplit)
     simulator: SimulatorSettings = Field(default_factory=lambda: SimulatorSettings(seed=1))
     changes: list[TierChange] = Field(default_factory=list)
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
@@ -101,7 +122,34 @@ def load_simulation(path: str | Path) -> Simulation:
         data = yaml.safe_load(Path(path).read_text("utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"cannot read simulation file {path}: {exc}") from exc
-    return Simulation.model_validate(data)
+    sim = Simulation.model_validate(data)
+    sim.recordings = [Path(path).parent / recording for recording in sim.recordings]
+    return sim
+
+
+@dataclass(frozen=True)
+class Caller:
+    """One simulated call's caller: an utterance a turn (16 kHz), scripted or recorded."""
+
+    utterances: Sequence[PCM]
+    recording: str | None = None  # the recorded call's id
+
+    def call_id(self, arm: str, number: int) -> str:
+        return self.recording or f"sim-{arm}-{number}"
+
+
+def scripted_callers(sim: Simulation, spoken: Sequence[PCM]) -> list[Caller]:
+    """`sim.calls` callers of `sim.turns_per_call` turns, dealing out the spoken utterances."""
+    turns = sim.turns_per_call
+    return [
+        Caller([spoken[(number * turns + i) % len(spoken)] for i in range(turns)])
+        for number in range(sim.calls)
+    ]
+
+
+def recorded_callers(calls: Sequence[RecordedCall]) -> list[Caller]:
+    """Each recorded call's caller, saying what they said, in order."""
+    return [Caller([u.pcm for u in call.utterances], call.call_id) for call in calls]
 
 
 class ReplayLine:
@@ -117,6 +165,7 @@ class ReplayLine:
         self.before_turn = before_turn
         self.turn_timeout_s = turn_timeout_s
         self.events: list[dict[str, object]] = []
+        self.taps = Taps()  # none: nothing listens in on a replay
         self._queued = 0
         self._turn_over = asyncio.Event()
         self._hung_up: str | None = None
@@ -191,12 +240,24 @@ def caller_utterances(texts: Sequence[str], tts: TextToSpeech) -> list[PCM]:
 
 
 async def simulate(
-    sim: Simulation, on_record: Callable[[dict[str, Any]], None] | None = None
+    sim: Simulation,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    recorded: Sequence[RecordedCall] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every arm of the simulation; every turn record, tagged and with its call id."""
+    """Run every arm of the simulation; every turn record, tagged and with its call id.
+
+    The callers are `recorded` if given (already loaded), else `sim.recordings`' if any, else
+    the scripted ones. RecordingError if a recording cannot be replayed.
+    """
+    if recorded is None and sim.recordings:
+        recorded = await asyncio.to_thread(load_recorded_calls, sim.recordings, sim.split)
     stt = await asyncio.to_thread(SpeechToText.shared, sim.stt)
     tts = await asyncio.to_thread(TextToSpeech.shared, sim.tts)
-    spoken = await asyncio.to_thread(caller_utterances, sim.utterances, tts)
+    if recorded:
+        callers = recorded_callers(recorded)
+    else:
+        spoken = await asyncio.to_thread(caller_utterances, sim.utterances, tts)
+        callers = scripted_callers(sim, spoken)
     await asyncio.gather(asyncio.to_thread(stt.warm_up), asyncio.to_thread(tts.warm_up))
     records: list[dict[str, Any]] = []
 
@@ -206,7 +267,7 @@ async def simulate(
             on_record(row)
 
     for arm in sim.experiment.arms:
-        await _run_arm(sim, arm, stt, tts, spoken, emit)
+        await _run_arm(sim, arm, stt, tts, callers, emit)
     return records
 
 
@@ -215,7 +276,7 @@ async def _run_arm(
     arm: Arm,
     stt: SpeechToText,
     tts: TextToSpeech,
-    spoken: Sequence[PCM],
+    callers: Sequence[Caller],
     emit: Callable[[dict[str, Any]], None],
 ) -> None:
     """One arm's calls, on a fresh simulator (the script's tier changes) and controller."""
@@ -233,11 +294,9 @@ async def _run_arm(
     async with running_simulator(app=app) as url:
         router = TierRouter(sim.llm, Controller(sim.controller, time.monotonic), url)
         try:
-            for number in range(sim.calls):
-                call_id = f"sim-{arm.name}-{number + 1}"
-                first = number * sim.turns_per_call
-                script = [spoken[(first + i) % len(spoken)] for i in range(sim.turns_per_call)]
-                line = ReplayLine(script, before_turn, sim.turn_timeout_s)
+            for number, caller in enumerate(callers, 1):
+                call_id = caller.call_id(arm.name, number)
+                line = ReplayLine(caller.utterances, before_turn, sim.turn_timeout_s)
                 llm = router.for_call(arm, sim.experiment.name, arm.name)
                 await _run_call(sim, call_id, line, stt, llm, tts, emit)
         finally:

@@ -30,15 +30,19 @@ from voice.cluster.registry import CallRegistry
 from voice.cluster.webhooks import WebhookOutbox
 from voice.experiments.arms import load_experiment
 from voice.llm_sim.simulator import running_simulator
+from voice.recordings.calls import CallRecordings
 from voice.server import metrics
 from voice.server.api import APIError, api_error_response
 from voice.server.calls import Switchboard
 from voice.server.routes.calls import calls_api, calls_live_api
+from voice.server.routes.console import console_api
 from voice.server.routes.experiments import experiments_api
 from voice.server.routes.ops import ops_api
 from voice.server.routes.phone import phone_api
+from voice.server.routes.recordings import recordings_api
 from voice.server.routes.webrtc import webrtc_api
 from voice.server.settings import Settings
+from voice.server.supervision import Supervision
 from voice.server.tracing import TurnTracer
 from voice.transports.phone.tokens import StreamTokens
 from voice.transports.webrtc import restrict_ice_host_addresses
@@ -69,6 +73,13 @@ def _warn_if_exposed(settings: Settings) -> None:
         )
 
 
+def _internal_url(host: str, port: int) -> str:
+    """How the other workers reach this one, unless HOTLINE_INTERNAL_URL says."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return f"http://{host}:{port}" if ":" not in host else f"http://[{host}]:{port}"
+
+
 def agent_directory(settings: Settings) -> AgentDirectory:
     """The agent files of `HOTLINE_AGENTS__DIR` (AgentFileError names each bad field), or the
     built-in agent alone."""
@@ -95,6 +106,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     tts = TextToSpeech.shared(settings.tts)
     async with contextlib.AsyncExitStack() as stack:
         tool_client = await stack.enter_async_context(httpx.AsyncClient())
+        app.state.http = tool_client  # also how workers ask each other for recordings
         signing = settings.agents.signing_secret
         agents = Agents(
             directory,
@@ -122,7 +134,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         stack.push_async_callback(router.aclose)
         worker = WorkerInfo(
             f"{socket.gethostname()}-{os.getpid()}",
-            address=f"{settings.host}:{settings.port}",
+            address=settings.internal_url or _internal_url(settings.host, settings.port),
             capacity=settings.max_calls,
         )
         sessions = await CallRegistry.open(settings.session_settings(), worker)
@@ -142,6 +154,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics.watch_queues(
             [stt.scheduler, phone_stt.scheduler], [voice.scheduler for voice in agents.voices()]
         )
+        recordings = CallRecordings(settings.recordings, worker.worker_id)
+        stack.callback(recordings.shutdown)  # after the calls: their files are closed first
+        retention = asyncio.create_task(recordings.store.run_retention(), name="retention")
+        stack.callback(retention.cancel)
         tracer = TurnTracer(settings.tracing)
         stack.push_async_callback(asyncio.to_thread, tracer.shutdown)
         switchboard = Switchboard(
@@ -155,10 +171,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             call_control=CallControl(settings.call_control, tool_client),
             tracer=tracer,
             outbox=outbox,
+            recordings=recordings,
         )
         if settings.experiment_file:
             await switchboard.experiments.save(load_experiment(settings.experiment_file))
-        control = asyncio.create_task(switchboard.serve_control(), name="control")
+        control = asyncio.create_task(Supervision(switchboard).serve(), name="control")
         app.state.switchboard = switchboard
         log.info("Hotline ready: worker %s, %d calls at most", worker.worker_id, settings.max_calls)
         try:
@@ -184,5 +201,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(phone_api)
     app.include_router(calls_api)
     app.include_router(calls_live_api)
+    app.include_router(recordings_api)
+    app.include_router(console_api)
     app.include_router(experiments_api)
     return app

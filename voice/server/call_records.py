@@ -7,12 +7,36 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipeline.conversation import Conversation
 from pipeline.llm.client import ChatMessage
 from pipeline.records import TurnRecord
 from voice.agents.runtime import ReadyAgent
+from voice.recordings.calls import RecordingLocation
+from voice.recordings.recorder import CallRecorder
+from voice.transports.listen_in import Listeners
+
+
+def recording_url(call_id: str, public_url: str | None = None) -> str:
+    """The calls API's link to a call's recording (absolute when the public URL is set)."""
+    path = f"/calls/{call_id}/recording"
+    return f"{public_url.rstrip('/')}{path}" if public_url else path
+
+
+def recording_view(
+    call_id: str, location: RecordingLocation | None, public_url: str | None = None
+) -> dict[str, object] | None:
+    """A recording as the calls API and the post-call webhook show it (None: not recorded)."""
+    if location is None:
+        return None
+    return {
+        "url": recording_url(call_id, public_url),
+        "content_type": location.content_type,
+        "duration_s": location.duration_s,
+        "bytes": location.bytes,
+        "s3_key": location.s3_key,
+    }
 
 
 @dataclass(frozen=True)
@@ -35,6 +59,7 @@ class CallRecord:
     history: tuple[ChatMessage, ...]
     transfer: dict[str, str] | None = None  # where the caller was put through: to, reason, summary
     agent: str = "default"  # the agent that answered
+    recording: dict[str, object] | None = None  # where its recording is (RecordingLocation)
 
     @property
     def state(self) -> str:
@@ -63,7 +88,11 @@ class CallRecord:
             **self.summary(),
             "records": [record.to_dict() for record in self.records],
             "history": [_message(m) for m in self.history],
+            "recording": recording_view(self.call_id, RecordingLocation.of(self.recording)),
         }
+
+    def with_recording(self, recording: dict[str, object]) -> CallRecord:
+        return replace(self, recording=recording)
 
 
 @dataclass
@@ -83,6 +112,9 @@ class Call:
     task: asyncio.Task[None] | None = None
     transfer: dict[str, str] | None = None  # set when the agent puts the caller through
     agent: ReadyAgent | None = None
+    recorder: CallRecorder | None = None  # while it is recorded
+    listeners: Listeners | None = None  # supervisors listening in
+    recording: dict[str, object] | None = None  # once it ended: where (RecordingLocation)
 
     @property
     def state(self) -> str:
@@ -106,6 +138,7 @@ class Call:
             tuple(conversation.history),
             self.transfer,
             self.agent.name if self.agent is not None else "default",
+            self.recording,
         )
 
     def summary(self) -> dict[str, object]:

@@ -24,7 +24,9 @@ from voice.cluster.records import RegisteredCall
 from voice.cluster.registry import CallRegistry
 from voice.cluster.webhooks import WebhookOutbox
 from voice.experiments.arms import ExperimentStore
+from voice.recordings.calls import CallRecordings
 from voice.server import metrics
+from voice.server.after_call import AfterCall
 from voice.server.call_records import Call, CallRecord, CallsFull, valid_call_id
 from voice.server.settings import Settings
 from voice.server.tracing import TurnTracer
@@ -50,15 +52,18 @@ class Switchboard:
         call_control: CallControl | None = None,
         tracer: TurnTracer | None = None,
         outbox: WebhookOutbox | None = None,
+        recordings: CallRecordings | None = None,
     ) -> None:
         """`agents`: who answers which call (None: the built-in agent, `tts`'s voice);
-        `call_control`: Telnyx's and Vonage's REST APIs, to transfer calls and press keys."""
+        `call_control`: Telnyx's and Vonage's REST APIs, to transfer calls and press keys;
+        `outbox`: the post-call webhook (None: off); `recordings`: None: nothing recorded."""
         self.settings = settings
         self.agents = agents
         self.call_control = call_control
         self.tracer = tracer
-        self.outbox = outbox
-        self.webhook_deliveries: OrderedDict[str, str] = OrderedDict()  # call id -> delivery
+        self.recordings = recordings
+        public_url = settings.telephony.public_url
+        self.after_call = AfterCall(sessions, recordings, outbox, public_url)
         self.sessions = sessions
         self.experiments = ExperimentStore(sessions.redis, sessions.settings.key_prefix)
         self.stt = stt
@@ -148,6 +153,13 @@ class Switchboard:
             instructions=agent.instructions if agent is not None else None,
             tools=specs,
         )
+        recording = "off"
+        if self.recordings is not None:
+            recording = self.recordings.mode(agent.recording if agent is not None else None)
+        notice = None
+        if recording == "announce":
+            assert self.recordings is not None
+            notice = self.recordings.notice(agent.recording_notice if agent else None)
         conversation_settings = self.settings.conversation
         if agent is not None and agent.greeting is not None:
             conversation_settings = conversation_settings.model_copy(
@@ -170,10 +182,14 @@ class Switchboard:
             on_action=lambda action: self._act(call_id, action),
             caller=caller,
             callee=callee,
+            notice=notice,
         )
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
         call.experiment, call.arm, call.agent = experiment, arm, ready
+        if recording == "on":
+            self._record(call)
         self.active[call.call_id] = call
+        self.sessions.update_call(call_id, agent=ready.name if ready is not None else "default")
         self._idle.clear()
         metrics.ADMITTED.labels(transport=kind).inc()
         metrics.ACTIVE_CALLS.set(len(self.active))
@@ -196,8 +212,14 @@ class Switchboard:
         except Exception:
             log.exception("call %s: conversation failed", call.call_id)
         finally:
+            if call.listeners is not None:
+                await call.listeners.close()
             await transport.close()
             call.ended_at = time.time()
+            location = await self.after_call.close_recording(call.recorder)
+            if location is not None:
+                call.recording = location.to_dict()
+                self.sessions.update_call(call.call_id, recording=call.recording)
             self.sessions.end_call(call.call_id, reason=call.conversation.end_reason)
             self.active.pop(call.call_id, None)
             metrics.ACTIVE_CALLS.set(len(self.active))
@@ -207,8 +229,7 @@ class Switchboard:
             self.finished[call.call_id] = record
             while len(self.finished) > _FINISHED_KEPT:
                 self.finished.popitem(last=False)
-            if self.outbox is not None:
-                self._spawn(self._post_call(record))
+            self.spawn(self._after(record))
             log.info("call %s: ended, %d active", call.call_id, len(self.active))
 
     def _on_key(self, call_id: str, digit: str) -> bool:
@@ -223,7 +244,7 @@ class Switchboard:
         call.conversation.transport.send_event({"type": "human_requested"})
         target = call.agent.transfer_target() if call.agent is not None else None
         then = Transfer(target, reason="the caller pressed the person key") if target else None
-        self._spawn(call.conversation.say(self.settings.telephony.human_message, then=then))
+        self.spawn(call.conversation.say(self.settings.telephony.human_message, then=then))
         return True
 
     async def _act(self, call_id: str, action: CallAction) -> None:
@@ -283,32 +304,25 @@ class Switchboard:
         log.info("call %s: transferred to %s (%s)", call.call_id, action.target, action.reason)
         call.conversation.transport.hang_up(f"transferred to {action.target}")
 
-    async def _post_call(self, record: CallRecord) -> None:
-        """Hand the ended call's document to the webhook outbox (in Redis: from there it is
-        delivered, retried and its outcome kept, whatever happens to this worker)."""
-        assert self.outbox is not None
-        document = {"event": "call.ended", "call": record.detail(), "recording": None}
+    def _record(self, call: Call) -> None:
+        """Start recording the call (its audio from now on)."""
+        assert self.recordings is not None
+        if call.recorder is None:
+            call.recorder = self.recordings.start(call.call_id)
+            call.conversation.transport.taps.add(call.recorder)
+
+    async def _after(self, record: CallRecord) -> None:
+        """The ended call's recording copied, its webhook queued; the kept record updated."""
         try:
-            delivery = await self.outbox.enqueue(record.call_id, document, wait_s=60.0)
+            record = await self.after_call.finish(record)
         except Exception:
-            log.exception("call %s: the post-call webhook could not be queued", record.call_id)
+            log.exception("call %s: after the call", record.call_id)
             return
-        self.webhook_deliveries[record.call_id] = delivery
-        while len(self.webhook_deliveries) > _FINISHED_KEPT:
-            self.webhook_deliveries.popitem(last=False)
-        log.info("call %s: post-call webhook queued (%s)", record.call_id, delivery)
+        if record.call_id in self.finished:
+            self.finished[record.call_id] = record
 
     async def webhook_outcome(self, call_id: str) -> dict[str, Any] | None:
-        """The post-call webhook's delivery state for a call that ended here (None: none
-        queued here, or Redis cannot say right now)."""
-        delivery = self.webhook_deliveries.get(call_id)
-        if self.outbox is None or delivery is None:
-            return None
-        try:
-            return await self.outbox.outcome(delivery)
-        except Exception as exc:
-            log.warning("call %s: webhook outcome unavailable: %s", call_id, exc)
-            return None
+        return await self.after_call.webhook_outcome(call_id)
 
     async def transfer_of(self, call_id: str) -> dict[str, str] | None:
         """Where the agent put `call_id` through, if it did: from this worker's calls, else
@@ -323,6 +337,8 @@ class Switchboard:
     def _on_event(self, call_id: str, event: dict[str, object]) -> None:
         if event.get("type") == "speculation_discarded":
             metrics.SPECULATIONS.inc()
+        elif event.get("type") == "notice_played" and (call := self.active.get(call_id)):
+            self._record(call)  # announce: recording starts once the notice was said
         if event.get("type") != "turn":  # append_turn publishes the turn along with storing it
             self.sessions.publish(call_id, event)
 
@@ -334,22 +350,7 @@ class Switchboard:
             self.tracer.record(call_id, record, agent=agent)
         self.sessions.append_turn(call_id, record.to_dict())  # never waits on Redis
 
-    async def serve_control(self) -> None:
-        """Carry out hang-up and say commands sent to this worker's calls from any worker."""
-        async for control in self.sessions.control_commands():
-            call = self.active.get(control.call_id)
-            if call is None:
-                await control.ack({"ok": False, "error": "unknown call"})
-            elif control.command == "hangup":
-                await control.ack({"ok": True, "status": "hung up"})
-                self._spawn(self.hang_up(control.call_id, "hung up through the API"))
-            elif control.command == "say" and isinstance(control.args.get("text"), str):
-                await call.conversation.say(str(control.args["text"]))
-                await control.ack({"ok": True, "status": "speaking"})
-            else:
-                await control.ack({"ok": False, "error": f"bad command {control.command!r}"})
-
-    def _spawn(self, work: Coroutine[Any, Any, object]) -> None:
+    def spawn(self, work: Coroutine[Any, Any, object]) -> None:
         task = asyncio.create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)

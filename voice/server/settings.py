@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from aiortc import RTCIceServer
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -22,6 +23,7 @@ from voice.agents.transfer import CallControlSettings
 from voice.cluster.records import RegistrySettings
 from voice.cluster.webhooks import WebhookSettings
 from voice.llm_sim.simulator import SimulatorSettings
+from voice.recordings.settings import RecordingSettings
 from voice.server.tracing import TracingSettings
 
 
@@ -47,6 +49,15 @@ class WebRTCSettings(BaseModel):
     # A caller whose audio stops this long is hung up (a browser that vanished without a word:
     # RTP comes every 20 ms, silence included, while a caller is there).
     media_idle_timeout_s: float = 10.0
+
+    def rtc_ice_servers(self) -> list[RTCIceServer]:
+        """`ice_servers` as aiortc takes them."""
+        return [
+            RTCIceServer(urls=server)
+            if isinstance(server, str)
+            else RTCIceServer(server.urls, server.username, server.credential)
+            for server in self.ice_servers
+        ]
 
 
 class TelephonySettings(BaseModel):
@@ -114,6 +125,9 @@ class Settings(BaseSettings):
     # On SIGTERM or POST /admin/drain: stop admitting calls, let calls in progress go on this
     # long at most, then hang up what is left and exit.
     drain_timeout_s: float = 60.0
+    # How the other workers reach this one (they fetch recordings from it), e.g.
+    # http://10.0.0.5:8080; default http://HOST:PORT (this machine's name for 0.0.0.0).
+    internal_url: str | None = None
     warm_up: bool = True  # load and run every model once before accepting calls
 
     stt: WidebandSTTSettings = Field(default_factory=WidebandSTTSettings)  # WebRTC calls
@@ -147,6 +161,10 @@ class Settings(BaseSettings):
     # is POSTed to HOTLINE_WEBHOOK__URL, signed with HOTLINE_WEBHOOK__SECRET, from an outbox in
     # Redis that survives worker crashes and receiver outages (voice/cluster/webhooks.py).
     webhook: WebhookSettings = Field(default_factory=WebhookSettings)
+    # Call recordings: stereo Ogg/Opus (caller left, what the caller heard right) in
+    # HOTLINE_RECORDINGS__DIR, kept HOTLINE_RECORDINGS__RETENTION_DAYS, copied to an S3 bucket
+    # if HOTLINE_RECORDINGS__S3__BUCKET is set; mode on, off or announce (voice/recordings/).
+    recordings: RecordingSettings = Field(default_factory=RecordingSettings)
     # Redis shared by every worker (HOTLINE_REDIS_URL); unset: an in-process store, one worker.
     redis_url: str | None = None
     sessions: RegistrySettings = Field(default_factory=RegistrySettings)

@@ -29,6 +29,7 @@ from pipeline.transport import (
     HangUp,
     InboundEvent,
     PlaybackCleared,
+    Taps,
     until_hang_up,
 )
 from voice.transports.positions import PositionWaiters
@@ -69,6 +70,23 @@ def shorten_jitter_buffer(pc: RTCPeerConnection) -> None:
             setattr(receiver, attribute, JitterBuffer(capacity=16, prefetch=1))
         else:
             log.warning("aiortc's receiver changed; jitter buffer left as it is")
+
+
+def take_samples(chunks: deque[PCM], count: int) -> tuple[PCM, int]:
+    """The next `count` samples of `chunks` (taken off it), zero-padded; and how many were
+    real samples."""
+    frame = np.zeros(count, dtype=np.int16)
+    filled = 0
+    while filled < count and chunks:
+        chunk = chunks[0]
+        take = min(count - filled, int(chunk.size))
+        frame[filled : filled + take] = chunk[:take]
+        filled += take
+        if take == chunk.size:
+            chunks.popleft()
+        else:
+            chunks[0] = chunk[take:]
+    return frame, filled
 
 
 class PacedAudioTrack(MediaStreamTrack):
@@ -114,8 +132,9 @@ class OutboundAudio(PacedAudioTrack):
     does not advance them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, taps: Taps | None = None) -> None:
         super().__init__()
+        self.taps = taps if taps is not None else Taps()
         self._chunks: deque[PCM] = deque()
         self._queued = 0
         self._played = 0
@@ -137,6 +156,7 @@ class OutboundAudio(PacedAudioTrack):
 
     def clear(self) -> None:
         self._chunks.clear()
+        self.taps.cut(time.monotonic())
         self._queued = self._played
         self._waiters.fail()
 
@@ -155,19 +175,11 @@ class OutboundAudio(PacedAudioTrack):
         super().stop()
 
     def next_frame(self) -> PCM:
-        frame = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        filled = 0
-        while filled < FRAME_SAMPLES and self._chunks:
-            chunk = self._chunks[0]
-            take = min(FRAME_SAMPLES - filled, int(chunk.size))
-            frame[filled : filled + take] = chunk[:take]
-            filled += take
-            if take == chunk.size:
-                self._chunks.popleft()
-            else:
-                self._chunks[0] = chunk[take:]
+        frame, filled = take_samples(self._chunks, FRAME_SAMPLES)
         self._played += filled
         self._waiters.reach(self._played)
+        if filled:
+            self.taps.heard(frame[:filled], time.monotonic())
         return frame
 
 
@@ -185,7 +197,8 @@ class WebRTCTransport:
         self.pc = pc
         self._connect_timeout_s = connect_timeout_s
         self._idle_timeout_s = idle_timeout_s
-        self.outbound = OutboundAudio()
+        self.taps = Taps()
+        self.outbound = OutboundAudio(self.taps)
         self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
         self._channel: RTCDataChannel | None = None
@@ -250,6 +263,7 @@ class WebRTCTransport:
                 for out in resampler.resample(frame):
                     pcm = out.to_ndarray().reshape(-1).astype(np.int16, copy=False)
                     self._inbound.put_nowait(AudioIn(pcm, at))
+                    self.taps.caller(pcm, at)
         except MediaStreamError:
             self._inbound.put_nowait(HangUp("caller track ended"))
 

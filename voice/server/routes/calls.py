@@ -4,7 +4,6 @@ the cluster (through Redis when the call lives on another worker). Bearer token 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
 from typing import Any
@@ -15,8 +14,10 @@ from starlette.websockets import WebSocketDisconnect
 
 from voice.cluster.records import NoAck, RegistryUnavailable, UnknownCall
 from voice.cluster.registry import CallRegistry
+from voice.recordings.calls import RecordingLocation
 from voice.server.api import error, read_json_body
-from voice.server.auth import require_token
+from voice.server.auth import authorized_socket, require_token
+from voice.server.call_records import recording_view
 from voice.server.calls import Switchboard
 from voice.server.routes import switchboard
 
@@ -31,11 +32,34 @@ calls_live_api = APIRouter()  # a websocket: its token may come in the query (au
 @calls_api.get("/calls", response_model=None)
 async def list_calls(request: Request) -> dict[str, object] | JSONResponse:
     """Calls in progress on every worker."""
+    sessions = switchboard(request).sessions
     try:
-        calls = await switchboard(request).sessions.active_calls()
+        calls = await sessions.active_calls()
+        turns = await sessions.turn_counts([info.call_id for info in calls])
     except RegistryUnavailable as exc:
         return error(503, f"call registry unavailable: {exc}")
-    return {"calls": [_summary(switchboard(request), info.__dict__) for info in calls]}
+    board = switchboard(request)
+    return {
+        "calls": [
+            _summary(board, {**info.__dict__, "turns": turns.get(info.call_id)}) for info in calls
+        ]
+    }
+
+
+@calls_api.get("/calls/ended", response_model=None)
+async def ended_calls(request: Request) -> dict[str, object] | JSONResponse:
+    """The calls that ended last, on every worker, newest first (`?limit=`, at most 200)."""
+    try:
+        limit = min(max(int(request.query_params.get("limit", "50")), 1), 200)
+    except ValueError:
+        return error(400, "limit must be a number")
+    sessions = switchboard(request).sessions
+    try:
+        calls = await sessions.ended_calls(limit)
+        turns = await sessions.turn_counts([info.call_id for info in calls])
+    except RegistryUnavailable as exc:
+        return error(503, f"call registry unavailable: {exc}")
+    return {"calls": [{**info.__dict__, "turns": turns.get(info.call_id)} for info in calls]}
 
 
 def _summary(board: Switchboard, info: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +85,9 @@ async def call_detail(call_id: str, request: Request) -> dict[str, object] | JSO
     if found is None:
         return error(404, f"unknown call {call_id}")
     info, turns = found
-    return {**info.__dict__, "turns": len(turns), "records": turns}
+    location = RecordingLocation.of(info.recording)
+    detail = {**info.__dict__, "turns": len(turns), "records": turns}
+    return {**detail, "recording": recording_view(call_id, location)}
 
 
 @calls_live_api.websocket("/calls/{call_id}/live")
@@ -86,25 +112,17 @@ async def watch_call(websocket: WebSocket, call_id: str) -> None:
         await websocket.close(1000, "call ended")
 
 
-def authorized_socket(websocket: WebSocket) -> bool:
-    """The API token on a websocket: the Authorization header or a `token` query parameter
-    (browsers cannot set headers on websockets)."""
-    token = websocket.app.state.settings.api_token
-    if token is None:
-        return True
-    given = websocket.query_params.get("token", "")
-    header = websocket.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        given = header[7:].strip()
-    return hmac.compare_digest(given.encode(), token.get_secret_value().encode())
-
-
 async def _control(
-    request: Request, call_id: str, command: str, args: dict[str, Any]
+    request: Request,
+    call_id: str,
+    command: str,
+    args: dict[str, Any],
+    timeout_s: float = 5.0,
 ) -> JSONResponse:
     """Run a command on the worker that owns the call, and return its acknowledgement."""
+    sessions = switchboard(request).sessions
     try:
-        ack = await switchboard(request).sessions.send_control(call_id, command, args)
+        ack = await sessions.send_control(call_id, command, args, timeout_s=timeout_s)
     except UnknownCall:
         return error(404, f"no call {call_id} in progress")
     except NoAck:
@@ -112,7 +130,7 @@ async def _control(
     except RegistryUnavailable as exc:
         return error(503, f"call registry unavailable: {exc}")
     if not ack.get("ok"):
-        return error(404, str(ack.get("error", "command failed")))
+        return error(int(ack.get("code", 404)), str(ack.get("error", "command failed")))
     return JSONResponse({"call_id": call_id, **{k: v for k, v in ack.items() if k != "ok"}})
 
 
@@ -132,3 +150,32 @@ async def say(call_id: str, request: Request) -> JSONResponse:
     if len(text) > MAX_SAY_CHARS:
         return error(413, f"field 'text' is longer than {MAX_SAY_CHARS} characters")
     return await _control(request, call_id, "say", {"text": text.strip()})
+
+
+@calls_api.post("/calls/{call_id}/transfer")
+async def transfer(call_id: str, request: Request) -> JSONResponse:
+    """Put a call in progress through to a person, wherever it lives: `target` is one of the
+    agent's transfer targets by name, or a number or SIP URI (default: the agent's default
+    target); the caller hears the human message first."""
+    data = await read_json_body(request, request.app.state.settings.max_body_bytes)
+    args: dict[str, Any] = {}
+    for name in ("target", "reason"):
+        value = data.get(name)
+        if value is not None and (not isinstance(value, str) or len(value) > 200):
+            return error(400, f"field {name!r} must be a string of at most 200 characters")
+        if isinstance(value, str) and value.strip():
+            args[name] = value.strip()
+    return await _control(request, call_id, "transfer", args)
+
+
+@calls_api.post("/calls/{call_id}/listen")
+async def listen(call_id: str, request: Request) -> JSONResponse:
+    """Listen in (both sides, live): a WebRTC offer (receive-only audio, candidates gathered)
+    in, the answer of the worker that owns the call out; media flows from that worker."""
+    data = await read_json_body(request, request.app.state.settings.max_body_bytes)
+    sdp, kind = data.get("sdp"), data.get("type")
+    if not isinstance(sdp, str) or not sdp.strip():
+        return error(400, "missing field 'sdp' (a string)")
+    if kind != "offer":
+        return error(400, "field 'type' must be 'offer'")
+    return await _control(request, call_id, "listen", {"sdp": sdp}, timeout_s=15.0)

@@ -3,7 +3,7 @@ call's id out; the call then runs over the peer connection."""
 
 from __future__ import annotations
 
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
@@ -31,13 +31,7 @@ async def offer(request: Request) -> JSONResponse:
         call_id = await board.admit("webrtc")
     except CallsFull as full:
         return error(503, str(full))
-    ice = [
-        RTCIceServer(urls=server)
-        if isinstance(server, str)
-        else RTCIceServer(server.urls, server.username, server.credential)
-        for server in settings.webrtc.ice_servers
-    ]
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=settings.webrtc.rtc_ice_servers()))
     webrtc = settings.webrtc
     transport = WebRTCTransport(
         call_id, pc, webrtc.connect_timeout_s, idle_timeout_s=webrtc.media_idle_timeout_s

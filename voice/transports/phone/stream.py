@@ -30,6 +30,7 @@ from pipeline.transport import (
     HangUp,
     InboundEvent,
     PlaybackCleared,
+    Taps,
     until_hang_up,
 )
 from voice.audio import StreamResampler, resample
@@ -59,6 +60,7 @@ SEND_TIMEOUT_S = 5.0
 class _Frame:
     pcm: PCM  # 20 ms at the wire rate
     end: int  # outbound position (16 kHz samples) after this frame
+    source: PCM  # the same audio at 16 kHz (for the call's taps)
 
 
 @dataclass
@@ -109,6 +111,7 @@ class PhoneStream:
         self._sent_waiters = PositionWaiters()
         self._played_waiters = PositionWaiters()
         self._closed = False
+        self.taps = Taps()
         self.last_audio_at = time.monotonic()  # when caller audio last came in
         self._sender = asyncio.create_task(self._send_loop(), name=f"send-{call_id}")
 
@@ -121,7 +124,9 @@ class PhoneStream:
                 self.last_audio_at = time.monotonic()
                 pcm = self._to_pipeline(event.pcm)
                 if pcm.size:
-                    self._inbound.put_nowait(AudioIn(pcm, time.monotonic()))
+                    now = time.monotonic()
+                    self._inbound.put_nowait(AudioIn(pcm, now))
+                    self.taps.caller(pcm, now)
             elif isinstance(event, WireDtmf):
                 self._inbound.put_nowait(Dtmf(event.digit, time.monotonic()))
             elif isinstance(event, MarkPlayed):
@@ -154,10 +159,12 @@ class PhoneStream:
         frames = np.zeros(count * self._frame_samples, dtype=np.int16)  # the last frame padded
         frames[: len(wire)] = wire
         start, self._queued = self._queued, self._queued + int(pcm.size)
+        after = start
         for index in range(count):
             chunk = frames[index * self._frame_samples : (index + 1) * self._frame_samples]
             end = start + round((index + 1) * (self._queued - start) / count)
-            self._outbox.append(_Frame(chunk, end))
+            self._outbox.append(_Frame(chunk, end, pcm[after - start : end - start]))
+            after = end
         if self.protocol.supports_marks:
             self._mark_count += 1
             self._outbox.append(_Mark(f"hotline-{self._mark_count}", self._queued))
@@ -167,6 +174,7 @@ class PhoneStream:
     async def clear(self) -> None:
         """Drop unsent audio, tell the provider to drop what it buffered, settle the position."""
         self._outbox.clear()
+        self.taps.cut(time.monotonic())  # the provider drops what it had not played yet
         self._update_slots()
         self._pending_marks.clear()  # Twilio echoes pending marks on clear: they were not heard
         self._slots.clear()
@@ -239,6 +247,7 @@ class PhoneStream:
                 self._burst_frames += 1
                 self._sent = item.end
                 self._slots.append((plays_at + _FRAME_S, item.end))
+                self.taps.heard(item.source, plays_at)
                 self._sent_waiters.reach(self._sent)
         except TimeoutError:
             stalled = self.send_timeout_s
