@@ -264,6 +264,12 @@ async def test_an_order_question_calls_the_order_service_and_speaks_its_answer(
     call = document["call"]
     assert call["agent"] == "orders" and call["records"][0]["tools"][0]["name"] == "order_status"
     assert [m["role"] for m in call["history"]] == ["user", "assistant", "tool", "assistant"]
+    # ... with the link to the call's recording (recorded by default), which plays
+    recording = document["recording"]
+    assert recording["url"] == f"/calls/{result.call_id}/recording" and recording["bytes"] > 0
+    assert call["recording"]["duration_s"] == recording["duration_s"] > 1.0
+    audio = await asyncio.to_thread(httpx.get, agents_server.url + recording["url"], timeout=10)
+    assert audio.headers["content-type"] == "audio/ogg" and len(audio.content) == recording["bytes"]
     webhook = detail(agents_server, result.call_id)["webhook"]
     assert webhook["state"] == "delivered" and webhook["attempts"] == 2
     print(f"at the caller: {[turn.voice_to_voice_ms for turn in result.turns]}")

@@ -8,6 +8,7 @@ With HOTLINE_UPDATE_SCREENSHOT=1 it also renews the README's screenshot of the c
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import websockets
 from playwright.async_api import Page, async_playwright
 
 from tests.support.browser import chromium
@@ -149,3 +151,54 @@ async def test_console_shows_listens_to_and_hangs_up_a_call_of_another_worker(
         detail = (await client.get(f"{b.url}/calls/{call_id}", timeout=10)).json()
     assert detail["state"] == "ended"
     assert detail["end_reason"] == "hung up through the API"
+
+
+async def first_turn(server: Server, call_id: str) -> None:
+    """Once the call's first turn is over (its live events, read from any worker)."""
+    url = server.url.replace("http://", "ws://") + f"/calls/{call_id}/live?token={TOKEN}"
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                async with websockets.connect(url) as socket:
+                    async for message in socket:
+                        if json.loads(message)["type"] == "turn":
+                            return
+            except websockets.InvalidStatus:
+                pass  # not admitted yet: the phone is still dialling
+            except websockets.ConnectionClosed:
+                pass
+            await asyncio.sleep(0.1)
+
+
+async def test_supervisor_commands_reach_a_call_of_another_worker(
+    workers: tuple[Server, Server],
+) -> None:
+    """The console's buttons are the calls API: sent to B, carried out by A (which owns the
+    call). Bad input gets a clear error and the call goes on."""
+    a, b = workers
+    call_id = f"CA{uuid.uuid4().hex}"
+    speech = concat(silence(2500), piper("Hello, is anybody there?"), silence(300))
+    phone = asyncio.create_task(
+        place_twilio_call(a.url, [speech], auth_token=TWILIO_TOKEN, call_sid=call_id, linger_s=60.0)
+    )
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=b.url, headers=headers, timeout=20) as client:
+
+        async def post(path: str, body: dict[str, str]) -> httpx.Response:
+            return await client.post(f"/calls/{call_id}/{path}", json=body)
+
+        await first_turn(b, call_id)  # the caller has spoken and been answered
+        garbage = await post("listen", {"sdp": "v=0\r\nnot an offer", "type": "offer"})
+        assert garbage.status_code == 400 and "malformed SDP" in garbage.json()["error"]
+        bad = await post("transfer", {"target": "next door"})
+        assert bad.status_code == 400 and "not a phone number" in bad.json()["error"]
+        nowhere = await post("transfer", {})  # the built-in agent has no transfer target
+        assert nowhere.status_code == 409 and "no transfer target" in nowhere.json()["error"]
+        unknown = await client.post("/calls/CA-no-such-call/hangup")
+        assert unknown.status_code == 404
+        put_through = await post("transfer", {"target": "+15557654321", "reason": "VIP"})
+        assert put_through.status_code == 200, put_through.text
+        assert put_through.json()["to"] == "+15557654321"
+        result = await asyncio.wait_for(phone, 60)
+    # the caller heard the human message, then Twilio was told to dial the number
+    assert result.after_stream == "Dial" and result.transferred_to == "+15557654321"

@@ -20,7 +20,7 @@ from pipeline.tools import ActionFailed, CallAction, EndCall, SendDigits, Transf
 from pipeline.transport import Transport
 from voice.agents.runtime import Agents
 from voice.agents.transfer import CallControl, CallControlError
-from voice.cluster.records import RegisteredCall
+from voice.cluster.records import RegisteredCall, UnknownCall
 from voice.cluster.registry import CallRegistry
 from voice.cluster.webhooks import WebhookOutbox
 from voice.experiments.arms import ExperimentStore
@@ -189,7 +189,8 @@ class Switchboard:
         if recording == "on":
             self._record(call)
         self.active[call.call_id] = call
-        self.sessions.update_call(call_id, agent=ready.name if ready is not None else "default")
+        with contextlib.suppress(UnknownCall):  # the registry let it go (say, Redis lost it)
+            self.sessions.update_call(call_id, agent=ready.name if ready else "default")
         self._idle.clear()
         metrics.ADMITTED.labels(transport=kind).inc()
         metrics.ACTIVE_CALLS.set(len(self.active))
@@ -219,7 +220,8 @@ class Switchboard:
             location = await self.after_call.close_recording(call.recorder)
             if location is not None:
                 call.recording = location.to_dict()
-                self.sessions.update_call(call.call_id, recording=call.recording)
+                with contextlib.suppress(UnknownCall):
+                    self.sessions.update_call(call.call_id, recording=call.recording)
             self.sessions.end_call(call.call_id, reason=call.conversation.end_reason)
             self.active.pop(call.call_id, None)
             metrics.ACTIVE_CALLS.set(len(self.active))

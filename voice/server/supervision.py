@@ -60,6 +60,7 @@ class Supervision:
             try:
                 target = destination(asked)
             except ValueError as exc:
+                log.warning("call %s: transfer refused: %s", call.call_id, exc)
                 return {"ok": False, "error": str(exc), "code": 400}
         if target is None:
             return {
@@ -82,5 +83,6 @@ class Supervision:
         try:
             answer = await call.listeners.add(offer_sdp)
         except ValueError as exc:
+            log.warning("call %s: listen-in refused: %s", call.call_id, exc)
             return {"ok": False, "error": str(exc), "code": 400}
         return {"ok": True, "sdp": answer, "type": "answer"}
