@@ -6,8 +6,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# Debian packages the tests use: test speech (espeak-ng, sox), the browser test (chromium), Redis.
-TEST_DEBS := espeak-ng sox chromium redis-server
+# Debian packages the tests use: test speech (espeak-ng, sox), the browser test (chromium), Redis,
+# a real SIP softphone as the caller of the SIP tests (baresip).
+TEST_DEBS := espeak-ng sox chromium redis-server baresip
 
 # The real-time tests mostly wait on the clock, so more workers than cores still pay off.
 TEST_WORKERS ?= 3

@@ -125,6 +125,47 @@ def mulaw_decode(data: bytes) -> PCM:
     return _MULAW_DECODE[np.frombuffer(data, dtype=np.uint8)]
 
 
+# -- G.711 A-law (European telephone audio, RTP payload type 8) -----------------------------
+
+
+def _alaw_encode_table() -> npt.NDArray[np.uint8]:
+    """A-law byte for every int16 value (index: value + 32768), per ITU-T G.711: 13 bits of
+    magnitude in 8 segments, even bits inverted (XOR 0x55)."""
+    pcm = np.arange(-32768, 32768, dtype=np.int32) >> 3
+    mask = np.where(pcm >= 0, 0xD5, 0x55)
+    magnitude = np.where(pcm >= 0, pcm, -pcm - 1)  # 0..4095
+    segment = np.maximum(np.floor(np.log2(np.maximum(magnitude, 1))).astype(np.int32) - 4, 0)
+    mantissa = (magnitude >> np.maximum(segment, 1)) & 0x0F
+    table: npt.NDArray[np.uint8] = (((segment << 4) | mantissa) ^ mask).astype(np.uint8)
+    return table
+
+
+def _alaw_decode_table() -> npt.NDArray[np.int16]:
+    """int16 value of every A-law byte."""
+    byte = np.arange(256, dtype=np.int32) ^ 0x55
+    segment = (byte >> 4) & 0x07
+    mantissa = byte & 0x0F
+    magnitude = np.where(
+        segment == 0, (mantissa << 4) + 8, ((mantissa << 4) + 0x108) << np.maximum(segment - 1, 0)
+    )
+    return np.where(byte & 0x80, magnitude, -magnitude).astype(np.int16)
+
+
+_ALAW_ENCODE = _alaw_encode_table()
+_ALAW_DECODE = _alaw_decode_table()
+
+
+def alaw_encode(pcm: PCM) -> bytes:
+    """int16 samples to G.711 A-law bytes (one byte per sample)."""
+    index = np.asarray(pcm, dtype=np.int16).astype(np.int32) + 32768
+    return _ALAW_ENCODE[index].tobytes()
+
+
+def alaw_decode(data: bytes) -> PCM:
+    """G.711 A-law bytes to int16 samples."""
+    return _ALAW_DECODE[np.frombuffer(data, dtype=np.uint8)]
+
+
 class StreamResampler:
     """One direction of one call: int16 mono from `source_rate` to `target_rate`, keeping the
     filter state across chunks, so chunk edges add no clicks.

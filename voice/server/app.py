@@ -40,6 +40,7 @@ from voice.server.routes.experiments import experiments_api
 from voice.server.routes.ops import ops_api
 from voice.server.routes.phone import phone_api
 from voice.server.routes.recordings import recordings_api
+from voice.server.routes.sip import SipService
 from voice.server.routes.webrtc import webrtc_api
 from voice.server.settings import Settings
 from voice.server.supervision import Supervision
@@ -176,6 +177,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.experiment_file:
             await switchboard.experiments.save(load_experiment(settings.experiment_file))
         control = asyncio.create_task(Supervision(switchboard).serve(), name="control")
+        if settings.sip.enabled:
+            sip = SipService(switchboard, settings.sip, settings.host)
+            await sip.start()
+            stack.push_async_callback(sip.close)
+            app.state.sip = sip
         app.state.switchboard = switchboard
         log.info("Hotline ready: worker %s, %d calls at most", worker.worker_id, settings.max_calls)
         try:

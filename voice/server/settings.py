@@ -85,6 +85,25 @@ class TelephonySettings(BaseModel):
     transfer_failed_message: str = "Sorry, I couldn't put you through right now."
 
 
+class SipSettings(BaseModel):
+    """Direct SIP: calls from a PBX, an SBC or a carrier's SIP trunk (voice/transports/sip/)."""
+
+    enabled: bool = False  # listen for SIP (UDP and TCP)
+    host: str | None = None  # where to listen; default: HOTLINE_HOST
+    port: int = 5060  # 0: any free port (logged)
+    # The address put in SDP and Contact (a NAT's public address); default: the listening host.
+    public_address: str | None = None
+    rtp_ports: tuple[int, int] = (20000, 30000)  # RTP on even ports in [low, high)
+    # Sources allowed to place calls (trunks, PBXs), as addresses or CIDR networks; others get
+    # 403. Default: this machine only.
+    allow: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
+    codecs: tuple[Literal["PCMU", "PCMA"], ...] = ("PCMU", "PCMA")  # in order of preference
+    # Ring this long (180 Ringing) before answering; 0 answers at once.
+    answer_after_ms: int = Field(default=0, ge=0, le=60_000)
+    # A call whose RTP stops this long (not on hold) is hung up.
+    media_timeout_s: float = 30.0
+
+
 class AgentSettings(BaseModel):
     """Who answers calls: agent files (voice/agents/, README "Agents and tools")."""
 
@@ -151,6 +170,8 @@ class Settings(BaseSettings):
     webrtc: WebRTCSettings = Field(default_factory=WebRTCSettings)
     telephony: TelephonySettings = Field(default_factory=TelephonySettings)
     agents: AgentSettings = Field(default_factory=AgentSettings)
+    # Direct SIP from a PBX or trunk (HOTLINE_SIP__ENABLED=true; README "SIP trunks and PBXs").
+    sip: SipSettings = Field(default_factory=SipSettings)
     # Telnyx and Vonage REST credentials: how an agent puts a call through to a person (or
     # presses keys) on those providers. Twilio needs none (TwiML, /twilio/after-stream).
     call_control: CallControlSettings = Field(default_factory=CallControlSettings)

@@ -1,0 +1,268 @@
+"""Direct SIP against a real softphone: Debian's baresip dials a real `hotline serve` (SIP over
+UDP, RTP with G.711), speaks a WAV file, records what it hears, presses keys, puts the call on
+hold and hangs up; raw UDP probes send what no softphone would. The server's call records and
+log say what happened on its side."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+
+from pipeline.stt import SpeechToText
+from pipeline.transport import PCM, SAMPLE_RATE
+from tests.support.baresip import Baresip, baresip_installed
+from tests.support.server import Server, free_port, logged, start_server, stop_server
+from tests.support.speech import concat, piper, silence
+from voice.audio import read_wav
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not baresip_installed(), reason="baresip missing (make test installs it)"),
+]
+
+GREETING = "Thank you for calling the garden centre."
+NUMBER = "+15551230000"
+
+
+@pytest.fixture(scope="module")
+def sip_server() -> Iterator[tuple[Server, int]]:
+    port = free_port()
+    server = start_server(
+        {
+            "HOTLINE_SIP__ENABLED": "true",
+            "HOTLINE_SIP__PORT": str(port),
+            "HOTLINE_SIP__ALLOW": '["127.0.0.1/32"]',  # 127.0.0.2 is someone else
+            "HOTLINE_CONVERSATION__GREETING": GREETING,
+            "HOTLINE_SIP__ANSWER_AFTER_MS": "800",  # rings first: time to CANCEL
+        }
+    )
+    yield server, port
+    stop_server(server)
+
+
+def words(pcm: PCM) -> set[str]:
+    text = SpeechToText.shared().transcribe_blocking(pcm).text
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+async def detail(server: Server, call_id: str) -> dict[str, Any]:
+    async with httpx.AsyncClient() as client:
+        found: dict[str, Any] = (await client.get(f"{server.url}/calls/{call_id}")).json()
+        return found
+
+
+async def until(server: Server, call_id: str, check: Any, within_s: float = 30.0) -> Any:
+    """The call's detail once `check(detail)` holds: looked at again after each of the call's
+    live events (and once more when the call ends)."""
+    url = server.url.replace("http://", "ws://") + f"/calls/{call_id}/live"
+    async with asyncio.timeout(within_s), websockets.connect(url) as events:
+        while not check(found := await detail(server, call_id)):
+            try:
+                await events.recv()  # something happened to the call: look again
+            except websockets.ConnectionClosed:
+                found = await detail(server, call_id)
+                assert check(found), found
+                break
+        return found
+
+
+async def dial(server: Server, port: int, caller: Baresip) -> str:
+    """Dial the server from `caller`; the server's id of the call, once it is up."""
+    caller.start()
+    await caller.command("dial", f"sip:{NUMBER}@127.0.0.1:{port}")
+    await caller.wait_logged("Call established")
+    async with httpx.AsyncClient() as client:
+        listed = (await client.get(f"{server.url}/calls")).json()["calls"]
+    newest = max((c for c in listed if c["transport"] == "sip"), key=lambda c: c["started_at"])
+    return str(newest["call_id"])
+
+
+async def test_a_call_hears_the_greeting_gets_an_answer_and_ends_with_the_callers_bye(
+    sip_server: tuple[Server, int], tmp_path: Path
+) -> None:
+    server, port = sip_server
+    speech = concat(silence(4000), piper("I would like to book a table for two."), silence(9000))
+    caller = Baresip(tmp_path / "baresip", speech)
+    try:
+        call_id = await dial(server, port, caller)
+        call = await until(server, call_id, lambda d: d.get("records"))
+        assert call["transport"] == "sip"
+        assert (call["caller"], call["callee"]) == ("caller", NUMBER)
+        assert call["history"][0] == {"role": "assistant", "content": GREETING}
+        [turn] = call["records"]
+        assert "table" in turn["caller_text"].lower()
+        assert "table" in turn["reply_text"].lower()  # the simulator says what it heard
+        await caller.command("hangup")
+        await caller.wait_logged("terminated (duration")
+        await logged(server, f"call {call_id}: hang-up (caller hung up (BYE))")
+        ended = await until(server, call_id, lambda d: d["state"] == "ended")
+        assert ended["end_reason"] == "caller hung up (BYE)"
+    finally:
+        caller.stop()
+    # what the softphone heard: the greeting, then the reply (8 kHz G.711)
+    heard_path = caller.heard()
+    assert heard_path is not None
+    heard = read_wav(heard_path, rate=SAMPLE_RATE)
+    assert {"garden", "calling", "thank"} & words(heard[: 4 * SAMPLE_RATE])
+    assert {"table", "book"} & words(heard[4 * SAMPLE_RATE :])
+
+
+async def test_keys_reach_the_call_and_a_hang_up_from_the_server_sends_bye(
+    sip_server: tuple[Server, int], tmp_path: Path
+) -> None:
+    server, port = sip_server
+    caller = Baresip(tmp_path / "baresip", silence(20_000))
+    try:
+        call_id = await dial(server, port, caller)
+        await caller.command("sndcode", "7")
+        await logged(server, f"call {call_id}: DTMF 7")
+        await caller.command("hold")
+        await logged(server, f"sip: call {call_id} on hold")
+        await caller.command("resume")
+        await logged(server, f"sip: call {call_id} resumed")
+        async with httpx.AsyncClient() as client:
+            hung_up = await client.post(f"{server.url}/calls/{call_id}/hangup")
+        assert hung_up.status_code == 200
+        await caller.wait_logged("session closed")  # baresip got our BYE
+        await logged(server, f"sip: call {call_id}: BYE answered 200")
+    finally:
+        caller.stop()
+
+
+async def test_barge_in_stops_the_reply(sip_server: tuple[Server, int], tmp_path: Path) -> None:
+    server, port = sip_server
+    first = piper("Hello, I have a question about my delivery.")
+    again = piper("Sorry, wait, I have something else.")
+    # the second sentence starts 2.5 s after the first ends: while the reply is playing
+    speech = concat(silence(4000), first, silence(2500), again, silence(8000))
+    caller = Baresip(tmp_path / "baresip", speech)
+    try:
+        call_id = await dial(server, port, caller)
+        call = await until(server, call_id, lambda d: len(d.get("records", [])) >= 2)
+    finally:
+        caller.stop()
+    cut = call["records"][0]
+    assert cut["interrupted"] is True
+    assert len(cut["reply_text"]) < len(cut["generated_text"])
+    assert "something" in call["records"][1]["caller_text"].lower()
+
+
+async def test_an_unlisted_source_is_refused(
+    sip_server: tuple[Server, int], tmp_path: Path
+) -> None:
+    server, port = sip_server
+    stranger = Baresip(tmp_path / "baresip", silence(1000), local_ip="127.0.0.2")
+    try:
+        stranger.start()
+        await stranger.command("dial", f"sip:{NUMBER}@127.0.0.1:{port}")
+        await stranger.wait_logged("403 Forbidden")
+        await logged(server, "sip: INVITE from 127.0.0.2 refused: not an allowed source")
+    finally:
+        stranger.stop()
+
+
+def udp_exchange(port: int, message: bytes, source: str = "127.0.0.1") -> bytes | None:
+    """Send one datagram to the server's SIP port; its answer (None within 2 s)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind((source, 0))
+        sock.settimeout(2.0)
+        sock.sendto(message, ("127.0.0.1", port))
+        try:
+            return sock.recv(65535)
+        except TimeoutError:
+            return None
+
+
+def options(port: int, branch: str) -> bytes:
+    return (
+        f"OPTIONS sip:hotline@127.0.0.1:{port} SIP/2.0\r\n"
+        f"Via: SIP/2.0/UDP 127.0.0.1:5999;branch=z9hG4bK{branch};rport\r\n"
+        "Max-Forwards: 70\r\nFrom: <sip:pbx@127.0.0.1>;tag=a1\r\n"
+        f"To: <sip:hotline@127.0.0.1>\r\nCall-ID: {branch}@pbx\r\nCSeq: 1 OPTIONS\r\n"
+        "Content-Length: 0\r\n\r\n"
+    ).encode()
+
+
+async def test_options_keepalives_and_malformed_messages(sip_server: tuple[Server, int]) -> None:
+    server, port = sip_server
+    answer = await asyncio.to_thread(udp_exchange, port, options(port, "ping1"))
+    assert answer is not None and answer.startswith(b"SIP/2.0 200 OK")
+    assert b"Allow: INVITE, ACK, BYE, CANCEL, OPTIONS" in answer
+    for garbage in [
+        b"\x00\xff" * 40,
+        b"INVITE sip:x SIP/2.0\r\n\r\n",
+        b"SIP/2.0 999\r\n",
+        b"A" * 9000,
+    ]:
+        assert await asyncio.to_thread(udp_exchange, port, garbage) is None
+    await logged(server, "sip: malformed message")
+    # an INVITE whose SDP offers nothing we speak: 488, and the endpoint still answers
+    invite = (
+        f"INVITE sip:{NUMBER}@127.0.0.1:{port} SIP/2.0\r\n"
+        "Via: SIP/2.0/UDP 127.0.0.1:5999;branch=z9hG4bKinv1;rport\r\nMax-Forwards: 70\r\n"
+        "From: <sip:pbx@127.0.0.1>;tag=b2\r\nTo: <sip:hotline@127.0.0.1>\r\n"
+        "Call-ID: inv1@pbx\r\nCSeq: 1 INVITE\r\nContact: <sip:pbx@127.0.0.1:5999>\r\n"
+        "Content-Type: application/sdp\r\n\r\n"
+        "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+        "m=audio 4000 RTP/AVP 9\r\na=rtpmap:9 G722/8000\r\n"
+    ).encode()
+    refused = await asyncio.to_thread(udp_exchange, port, invite)
+    assert refused is not None and refused.startswith(b"SIP/2.0 100 Trying")
+    again = await asyncio.to_thread(udp_exchange, port, options(port, "ping2"))
+    assert again is not None and again.startswith(b"SIP/2.0 200 OK")
+    await logged(server, "sip: INVITE from 127.0.0.1 refused")
+
+
+def invite(port: int, call: str, media: str = "m=audio 4000 RTP/AVP 0\r\n") -> bytes:
+    return (
+        f"INVITE sip:{NUMBER}@127.0.0.1:{port} SIP/2.0\r\n"
+        f"Via: SIP/2.0/UDP 127.0.0.1:5999;branch=z9hG4bK{call};rport\r\nMax-Forwards: 70\r\n"
+        f"From: <sip:pbx@127.0.0.1>;tag=b2\r\nTo: <sip:{NUMBER}@127.0.0.1>\r\n"
+        f"Call-ID: {call}@pbx\r\nCSeq: 1 INVITE\r\nContact: <sip:pbx@127.0.0.1:5999>\r\n"
+        "Content-Type: application/sdp\r\n\r\n"
+        "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n" + media
+    ).encode()
+
+
+def cancel(port: int, call: str) -> bytes:
+    return (
+        f"CANCEL sip:{NUMBER}@127.0.0.1:{port} SIP/2.0\r\n"
+        f"Via: SIP/2.0/UDP 127.0.0.1:5999;branch=z9hG4bK{call};rport\r\nMax-Forwards: 70\r\n"
+        f"From: <sip:pbx@127.0.0.1>;tag=b2\r\nTo: <sip:{NUMBER}@127.0.0.1>\r\n"
+        f"Call-ID: {call}@pbx\r\nCSeq: 1 CANCEL\r\nContent-Length: 0\r\n\r\n"
+    ).encode()
+
+
+def statuses(sock: socket.socket, until: int) -> list[str]:
+    """The status lines the socket receives, up to the first with code `until`."""
+    seen: list[str] = []
+    while not any(line.startswith(f"SIP/2.0 {until}") for line in seen):
+        seen.append(sock.recv(65535).split(b"\r\n", 1)[0].decode())
+    return seen
+
+
+def cancel_before_answer(port: int) -> tuple[list[str], list[str]]:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(5.0)
+        sock.sendto(invite(port, "cancel1"), ("127.0.0.1", port))
+        ringing = statuses(sock, 180)
+        sock.sendto(cancel(port, "cancel1"), ("127.0.0.1", port))
+        return ringing, statuses(sock, 487)
+
+
+async def test_cancel_before_the_answer(sip_server: tuple[Server, int]) -> None:
+    server, port = sip_server
+    ringing, after = await asyncio.to_thread(cancel_before_answer, port)
+    assert ringing == ["SIP/2.0 100 Trying", "SIP/2.0 180 Ringing"]
+    assert "SIP/2.0 200 OK" in after  # the CANCEL's answer
+    assert after[-1] == "SIP/2.0 487 Request Terminated"  # the INVITE's
+    await logged(server, "cancelled before the answer")

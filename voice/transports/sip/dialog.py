@@ -1,0 +1,101 @@
+"""One SIP dialog as the answering side sees it (RFC 3261 §12): made from the INVITE we answered,
+it builds the requests we send inside it (BYE, REFER) and keeps resending our 2xx until the
+caller's ACK (§13.3.1.4)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from voice.transports.sip.endpoint import T1, T2, TRANSACTION_S, Peer, SipEndpoint
+from voice.transports.sip.message import (
+    SipMessage,
+    SipParseError,
+    new_branch,
+    parse_name_addr,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SipDialog:
+    """The dialog of one answered INVITE."""
+
+    invite: SipMessage
+    peer: Peer
+    local_tag: str
+    sent_by: str  # our host:port for Via headers
+    contact: str  # our Contact URI
+    local_cseq: int = 1
+    acked: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: bool = False
+
+    @property
+    def call_id(self) -> str:
+        return self.invite.call_id
+
+    @property
+    def remote_tag(self) -> str | None:
+        return parse_name_addr(self.invite.header("From") or "").tag
+
+    def remote_target(self) -> str:
+        """Where requests inside the dialog go: the caller's Contact (else its From URI)."""
+        contact = self.invite.header("Contact")
+        with contextlib.suppress(SipParseError):
+            if contact:
+                return parse_name_addr(contact).uri
+        return parse_name_addr(self.invite.header("From") or "").uri
+
+    def matches(self, message: SipMessage) -> bool:
+        """Whether a request belongs to this dialog (Call-ID and both tags)."""
+        if message.call_id != self.call_id:
+            return False
+        with contextlib.suppress(SipParseError):
+            to_tag = parse_name_addr(message.header("To") or "").tag
+            from_tag = parse_name_addr(message.header("From") or "").tag
+            return to_tag == self.local_tag and from_tag == self.remote_tag
+        return False
+
+    def request(self, method: str, headers: list[tuple[str, str]] | None = None) -> SipMessage:
+        """A request inside the dialog: our To (with tag) as From, their From as To."""
+        self.local_cseq += 1
+        local = self.invite.header("To") or ""
+        if ";tag=" not in local:
+            local = f"{local};tag={self.local_tag}"
+        message = SipMessage(method=method, uri=self.remote_target())
+        message.add_header(
+            "Via", f"SIP/2.0/{self.peer.transport} {self.sent_by};branch={new_branch()};rport"
+        )
+        message.add_header("Max-Forwards", "70")
+        message.add_header("From", local)
+        message.add_header("To", self.invite.header("From") or "")
+        message.add_header("Call-ID", self.call_id)
+        message.add_header("CSeq", f"{self.local_cseq} {method}")
+        for route in self.invite.header_values("Record-Route"):
+            message.add_header("Route", route)
+        message.add_header("Contact", f"<{self.contact}>")
+        message.add_header("User-Agent", "Hotline")
+        for name, value in headers or []:
+            message.add_header(name, value)
+        return message
+
+    async def resend_until_acked(self, endpoint: SipEndpoint, answer: SipMessage) -> bool:
+        """Resend our 2xx over UDP (T1 doubling up to T2) until the ACK comes; False if it never
+        does within 32 s (the caller should then be sent BYE)."""
+        interval = T1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TRANSACTION_S
+        while not self.acked.is_set():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.acked.wait(), min(interval, left))
+                return True
+            if self.peer.transport == "UDP":
+                endpoint.send(answer, self.peer)
+            interval = min(interval * 2, T2)
+        return True
