@@ -48,6 +48,22 @@ def sip_server() -> Iterator[tuple[Server, int]]:
     stop_server(server)
 
 
+@pytest.fixture(scope="module")
+def digest_server() -> Iterator[tuple[Server, int]]:
+    """A worker that lets 127.0.0.1 in and asks everyone else for a password."""
+    port = free_port()
+    server = start_server(
+        {
+            "HOTLINE_SIP__ENABLED": "true",
+            "HOTLINE_SIP__PORT": str(port),
+            "HOTLINE_SIP__ALLOW": '["127.0.0.1/32"]',
+            "HOTLINE_SIP__USERS": '{"pbx": "pbx-digest-secret"}',
+        }
+    )
+    yield server, port
+    stop_server(server)
+
+
 def words(pcm: PCM) -> set[str]:
     text = SpeechToText.shared().transcribe_blocking(pcm).text
     return set(re.findall(r"[a-z]+", text.lower()))
@@ -137,6 +153,34 @@ async def test_keys_reach_the_call_and_a_hang_up_from_the_server_sends_bye(
         caller.stop()
 
 
+async def test_a_transfer_refers_the_caller_to_a_person(
+    sip_server: tuple[Server, int], tmp_path: Path
+) -> None:
+    """The console's (or the agent's) transfer on a SIP call: a REFER to the caller's side,
+    which calls the person (a second baresip that answers at once) and says how it went."""
+    server, port = sip_server
+    caller = Baresip(tmp_path / "caller", silence(30_000))
+    desk = Baresip(tmp_path / "desk", silence(30_000), user="desk", answer=True)
+    try:
+        desk.start()
+        call_id = await dial(server, port, caller)
+        target = f"sip:desk@127.0.0.1:{desk.sip_port}"
+        async with httpx.AsyncClient() as client:
+            asked = await client.post(
+                f"{server.url}/calls/{call_id}/transfer", json={"target": target}
+            )
+        assert asked.status_code == 200, asked.text
+        await desk.wait_logged("Call established", within_s=30)  # the caller reached the desk
+        ended = await until(server, call_id, lambda d: d["state"] == "ended", within_s=40)
+    finally:
+        caller.stop()
+        desk.stop()
+    assert ended["transfer"]["to"] == target
+    assert ended["transfer"]["outcome"] == "SIP/2.0 200 OK"
+    assert ended["end_reason"] in (f"transferred to {target}", "caller hung up (BYE)")
+    await logged(server, f"sip: call {call_id}: REFER to {target} accepted (202)")
+
+
 async def test_barge_in_stops_the_reply(sip_server: tuple[Server, int], tmp_path: Path) -> None:
     server, port = sip_server
     first = piper("Hello, I have a question about my delivery.")
@@ -147,6 +191,8 @@ async def test_barge_in_stops_the_reply(sip_server: tuple[Server, int], tmp_path
     try:
         call_id = await dial(server, port, caller)
         call = await until(server, call_id, lambda d: len(d.get("records", [])) >= 2)
+        await caller.command("hangup")
+        await logged(server, f"call {call_id}: hang-up (caller hung up (BYE))")
     finally:
         caller.stop()
     cut = call["records"][0]
@@ -266,3 +312,68 @@ async def test_cancel_before_the_answer(sip_server: tuple[Server, int]) -> None:
     assert "SIP/2.0 200 OK" in after  # the CANCEL's answer
     assert after[-1] == "SIP/2.0 487 Request Terminated"  # the INVITE's
     await logged(server, "cancelled before the answer")
+
+
+async def test_a_pbx_elsewhere_gets_in_with_its_password(
+    digest_server: tuple[Server, int], tmp_path: Path
+) -> None:
+    server, port = digest_server
+    pbx = Baresip(
+        tmp_path / "pbx", silence(5000), local_ip="127.0.0.2", auth=("pbx", "pbx-digest-secret")
+    )
+    try:
+        await dial(server, port, pbx)  # challenged (401), answered, let in
+    finally:
+        pbx.stop()
+    wrong = Baresip(tmp_path / "wrong", silence(5000), local_ip="127.0.0.2", auth=("pbx", "guess"))
+    try:
+        wrong.start()
+        await wrong.command("dial", f"sip:{NUMBER}@127.0.0.1:{port}")
+        await wrong.wait_logged("403 Forbidden")
+        await logged(server, "sip: INVITE from 127.0.0.2 refused: wrong credentials")
+    finally:
+        wrong.stop()
+
+
+async def test_a_call_over_tcp(sip_server: tuple[Server, int], tmp_path: Path) -> None:
+    server, port = sip_server
+    speech = concat(silence(4000), piper("Do you sell roses?"), silence(8000))
+    caller = Baresip(tmp_path / "baresip", speech)
+    try:
+        caller.start()
+        await caller.command("dial", f"sip:{NUMBER}@127.0.0.1:{port};transport=tcp")
+        await caller.wait_logged("Call established")
+        async with httpx.AsyncClient() as client:
+            listed = (await client.get(f"{server.url}/calls")).json()["calls"]
+        call_id = max(listed, key=lambda c: c["started_at"])["call_id"]
+        call = await until(server, call_id, lambda d: d.get("records"))
+        assert "roses" in call["records"][0]["caller_text"].lower()
+        await logged(server, f"sip: call {call_id} from 127.0.0.1 over TCP")
+        await caller.command("hangup")
+        await logged(server, f"call {call_id}: hang-up (caller hung up (BYE))")
+    finally:
+        caller.stop()
+
+
+async def test_eight_simultaneous_calls_are_all_answered(
+    sip_server: tuple[Server, int], tmp_path: Path
+) -> None:
+    server, port = sip_server
+    phones = [Baresip(tmp_path / f"phone{n}", silence(20_000), user=f"phone{n}") for n in range(8)]
+    try:
+        for phone in phones:
+            phone.start()
+        for phone in phones:
+            await phone.command("dial", f"sip:{NUMBER}@127.0.0.1:{port}")
+        await asyncio.gather(*(phone.wait_logged("Call established") for phone in phones))
+        async with httpx.AsyncClient() as client:
+            listed = (await client.get(f"{server.url}/calls")).json()["calls"]
+        ours = {c["caller"]: c["call_id"] for c in listed if c["transport"] == "sip"}
+        assert {f"phone{n}" for n in range(8)} <= set(ours)
+        for phone in phones:
+            await phone.command("hangup")
+        for n in range(8):
+            await logged(server, f"call {ours[f'phone{n}']}: hang-up (caller hung up (BYE))")
+    finally:
+        for phone in phones:
+            phone.stop()

@@ -34,6 +34,8 @@ class Baresip:
     speech: PCM  # what the caller says (16 kHz; played once from the answer on, then silence)
     local_ip: str = "127.0.0.1"
     user: str = "caller"
+    answer: bool = False  # answer incoming calls at once (a person's phone, for transfers)
+    auth: tuple[str, str] | None = None  # digest user and password, when challenged
     control_port: int = field(default_factory=free_port)
     sip_port: int = field(default_factory=free_port)
     process: subprocess.Popen[str] | None = None
@@ -74,7 +76,10 @@ class Baresip:
             encoding="utf-8",
         )
         (self.directory / "accounts").write_text(
-            f"<sip:{self.user}@{self.local_ip}>;regint=0;audio_codecs=PCMU,PCMA\n",
+            f"<sip:{self.user}@{self.local_ip}:{self.sip_port}>;regint=0;audio_codecs=PCMU,PCMA"
+            + (";answermode=auto" if self.answer else "")
+            + (f";auth_user={self.auth[0]};auth_pass={self.auth[1]}" if self.auth else "")
+            + "\n",
             encoding="utf-8",
         )
         self.process = subprocess.Popen(

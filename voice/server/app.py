@@ -181,6 +181,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             sip = SipService(switchboard, settings.sip, settings.host)
             await sip.start()
             stack.push_async_callback(sip.close)
+            switchboard.sip_transfers = sip
             app.state.sip = sip
         app.state.switchboard = switchboard
         log.info("Hotline ready: worker %s, %d calls at most", worker.worker_id, settings.max_calls)

@@ -10,7 +10,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Protocol
 
 from pipeline.conversation import Conversation
 from pipeline.llm.routing import Policy, TierRouter
@@ -34,6 +34,14 @@ from voice.server.tracing import TurnTracer
 log = logging.getLogger(__name__)
 
 _FINISHED_KEPT = 200  # finished calls' records kept in memory for GET /calls/{id}
+
+
+class SipTransfers(Protocol):
+    """How a SIP call is put through (voice.server.routes.sip: a REFER in its dialog)."""
+
+    async def transfer(self, call_id: str, action: Transfer) -> str:
+        """The outcome the caller's side reported; CallControlError if it failed."""
+        ...
 
 
 class Switchboard:
@@ -62,6 +70,7 @@ class Switchboard:
         self.call_control = call_control
         self.tracer = tracer
         self.recordings = recordings
+        self.sip_transfers: SipTransfers | None = None  # set when SIP is on
         public_url = settings.telephony.public_url
         self.after_call = AfterCall(sessions, recordings, outbox, public_url)
         self.sessions = sessions
@@ -277,7 +286,18 @@ class Switchboard:
         call. Twilio: closing the stream makes Twilio ask /twilio/after-stream, which dials;
         Telnyx and Vonage: their call control API transfers the call first (if it fails:
         ActionFailed, the caller is told and the call goes on with the bot)."""
-        if call.transport not in ("twilio", "webrtc"):
+        outcome = None
+        if call.transport == "sip" and self.sip_transfers is not None:
+            # SIP: a REFER in the call's dialog; the caller's side dials the target and tells
+            # how it went (NOTIFY); then the bot leaves.
+            try:
+                outcome = await self.sip_transfers.transfer(call.call_id, action)
+            except CallControlError as exc:
+                log.error("call %s: transfer failed: %s", call.call_id, exc)
+                raise ActionFailed(
+                    str(exc), self.settings.telephony.transfer_failed_message
+                ) from exc
+        elif call.transport not in ("twilio", "webrtc"):
             # Telnyx, Vonage: the provider's call control moves the caller; then the bot leaves.
             control = self.call_control
             failure = None
@@ -292,6 +312,8 @@ class Switchboard:
                 log.error("call %s: transfer failed: %s", call.call_id, failure)
                 raise ActionFailed(failure, self.settings.telephony.transfer_failed_message)
         call.transfer = {"to": action.target, "reason": action.reason, "summary": action.summary}
+        if outcome is not None:
+            call.transfer["outcome"] = outcome
         metrics.TRANSFERS.labels(transport=call.transport).inc()
         self.sessions.update_call(call.call_id, transfer=call.transfer)
         if not await self.sessions.flush(timeout_s=2.0):

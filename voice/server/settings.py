@@ -97,6 +97,10 @@ class SipSettings(BaseModel):
     # Sources allowed to place calls (trunks, PBXs), as addresses or CIDR networks; others get
     # 403. Default: this machine only.
     allow: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
+    # PBXs that authenticate instead (user -> password, digest): a source not on `allow` is
+    # challenged (401) when this is set, and refused (403) when its answer is wrong.
+    users: dict[str, SecretStr] = Field(default_factory=dict)
+    realm: str = "hotline"
     codecs: tuple[Literal["PCMU", "PCMA"], ...] = ("PCMU", "PCMA")  # in order of preference
     # Ring this long (180 Ringing) before answering; 0 answers at once.
     answer_after_ms: int = Field(default=0, ge=0, le=60_000)

@@ -12,10 +12,13 @@ import logging
 import random
 from dataclasses import dataclass, field
 
+from pipeline.tools import Transfer
+from voice.agents.transfer import CallControlError
 from voice.server.call_records import CallsFull
 from voice.server.calls import Switchboard
 from voice.server.settings import SipSettings
 from voice.transports.sip.dialog import SipDialog
+from voice.transports.sip.digest import DigestAuth
 from voice.transports.sip.endpoint import Peer, SipEndpoint, SipError
 from voice.transports.sip.media import SipMedia
 from voice.transports.sip.message import (
@@ -31,7 +34,8 @@ from voice.transports.sip.sdp import SdpError, answer, choose, parse_sdp
 
 log = logging.getLogger(__name__)
 
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY, REGISTER"
+_TRANSFER_S = 30.0  # how long a REFER's final NOTIFY is waited for
 _BUSY = {"capacity", "worker_full", "cluster_full"}
 
 
@@ -48,6 +52,8 @@ class SipCall:
     bye_received: bool = False
     session_id: int = field(default_factory=lambda: random.randrange(1, 2**31))
     version: int = 1
+    # A REFER we sent: the final status line its NOTIFYs report ("SIP/2.0 200 OK").
+    referred: asyncio.Future[str] | None = None
 
 
 class SipService:
@@ -60,6 +66,8 @@ class SipService:
         self.endpoint = SipEndpoint(self.host, settings.port, self.on_request)
         self.calls: dict[str, SipCall] = {}  # by SIP Call-ID
         self._allowed = [ipaddress.ip_network(a, strict=False) for a in settings.allow]
+        users = {name: secret.get_secret_value() for name, secret in settings.users.items()}
+        self.digest = DigestAuth(users, settings.realm) if users else None
         self._tasks: set[asyncio.Task[object]] = set()
 
     @property
@@ -86,6 +94,26 @@ class SipService:
             return False
         return any(address in network for network in self._allowed)
 
+    def _authenticated(self, request: SipMessage, peer: Peer) -> bool:
+        """A source off the allow-list: challenged (if users are set) or refused; True once it
+        proved a user."""
+        method = request.method or ""
+        if self.digest is None:
+            log.warning("sip: %s from %s refused: not an allowed source", method, peer.host)
+            self._reply(request, peer, 403, "Forbidden")
+            return False
+        user = self.digest.check(request)
+        if user is not None:
+            return True
+        if request.header("Authorization"):
+            log.warning("sip: %s from %s refused: wrong credentials", method, peer.host)
+            self._reply(request, peer, 403, "Forbidden")
+        else:
+            self._reply(
+                request, peer, 401, "Unauthorized", [("WWW-Authenticate", self.digest.challenge())]
+            )
+        return False
+
     # -- requests ----------------------------------------------------------------------------
 
     async def on_request(self, request: SipMessage, peer: Peer) -> None:
@@ -95,12 +123,14 @@ class SipService:
             if call is not None:
                 call.dialog.acked.set()
             return
-        if not self.allowed(peer.host):
-            log.warning("sip: %s from %s refused: not an allowed source", method, peer.host)
-            self._reply(request, peer, 403, "Forbidden")
+        known = request.call_id in self.calls  # inside a call its INVITE was let in for
+        if not known and not self.allowed(peer.host) and not self._authenticated(request, peer):
             return
         if method == "OPTIONS":
-            self._reply(request, peer, 200, "OK", [("Accept", "application/sdp")])
+            if self.board.draining:  # a dispatcher's health probe: send no new calls here
+                self._reply(request, peer, 503, "Service Unavailable", [("Retry-After", "60")])
+            else:
+                self._reply(request, peer, 200, "OK", [("Accept", "application/sdp")])
         elif method == "INVITE":
             await self._invite(request, peer)
         elif method == "BYE":
@@ -108,7 +138,11 @@ class SipService:
         elif method == "CANCEL":
             self._cancel(request, peer)
         elif method == "NOTIFY":
-            self._reply(request, peer, 200, "OK")
+            self._notify(request, peer)
+        elif method == "REGISTER":  # a PBX that registers its trunk: welcome (nothing is bound)
+            expires = request.header("Expires") or "3600"
+            contacts = [("Contact", c) for c in request.header_values("Contact")]
+            self._reply(request, peer, 200, "OK", [*contacts, ("Expires", expires)])
         else:
             self._reply(request, peer, 405, "Method Not Allowed")
 
@@ -124,7 +158,9 @@ class SipService:
         body: bytes = b"",
     ) -> SipMessage:
         extra = [("Allow", ALLOW), ("User-Agent", "Hotline"), *(headers or [])]
-        if status >= 200 and status < 300 and request.method == "INVITE":
+        if 100 < status < 300 and request.method == "INVITE":
+            # Dialog-creating answers: proxies that record-route stay in the path (§12.1.1).
+            extra.extend(("Record-Route", r) for r in request.header_values("Record-Route"))
             extra.append(("Contact", f"<{self.contact(peer.transport)}>"))
         response = response_to(
             request,
@@ -232,7 +268,13 @@ class SipService:
         call.media.held = remote.on_hold
         self.board.start(call_id, call.media, "sip", caller=caller, callee=callee)
         log.info(
-            "sip: call %s from %s (%s to %s, %s)", call_id, peer.host, caller, callee, codec.name
+            "sip: call %s from %s over %s (%s to %s, %s)",
+            call_id,
+            peer.host,
+            peer.transport,
+            caller,
+            callee,
+            codec.name,
         )
         if not await dialog.resend_until_acked(self.endpoint, ok):
             log.warning("sip: call %s: no ACK for our answer; hanging up", call_id)
@@ -262,6 +304,54 @@ class SipService:
         )
         self._reply(request, peer, 200, "OK", to_tag=call.dialog.local_tag, body=sdp.encode())
         log.info("sip: call %s %s", call.call_id, "on hold" if remote.on_hold else "resumed")
+
+    # -- transfer (REFER, RFC 3515) ----------------------------------------------------------
+
+    async def transfer(self, call_id: str, action: Transfer) -> str:
+        """Blind transfer: REFER the caller to `action.target`; the final status its NOTIFYs
+        report ("SIP/2.0 200 OK"). CallControlError if the REFER is refused or unanswered, or
+        the caller's side reports that the transfer failed."""
+        call = next((c for c in self.calls.values() if c.call_id == call_id), None)
+        if call is None:
+            raise CallControlError(f"no SIP call {call_id}", provider="sip")
+        target = action.target
+        if not target.lower().startswith(("sip:", "sips:")):
+            target = f"sip:{target}@{call.dialog.peer.host}"  # a number: the caller's PBX dials it
+        headers = [("Refer-To", f"<{target}>"), ("Referred-By", f"<{call.dialog.contact}>")]
+        refer = call.dialog.request("REFER", headers)
+        call.referred = asyncio.get_running_loop().create_future()
+        try:
+            answer = await self.endpoint.request(refer, call.dialog.peer)
+        except SipError as exc:
+            raise CallControlError(f"REFER: {exc}", provider="sip") from exc
+        if not 200 <= (answer.status or 0) < 300:
+            raise CallControlError(
+                f"the caller's side refused the transfer: {answer.status} {answer.reason}",
+                provider="sip",
+                status=answer.status,
+            )
+        log.info("sip: call %s: REFER to %s accepted (%s)", call_id, target, answer.status)
+        try:
+            outcome = await asyncio.wait_for(call.referred, _TRANSFER_S)
+        except TimeoutError:
+            return "accepted; no final NOTIFY"
+        if not outcome.split(" ")[1:2] or not outcome.split(" ")[1].startswith("2"):
+            raise CallControlError(f"the transfer failed: {outcome}", provider="sip")
+        return outcome
+
+    def _notify(self, request: SipMessage, peer: Peer) -> None:
+        """How our REFER goes (a sipfrag: "SIP/2.0 180 Ringing", then a final status)."""
+        call = self._find(request)
+        if call is None:
+            self._reply(request, peer, 481, "Call/Transaction Does Not Exist")
+            return
+        self._reply(request, peer, 200, "OK")
+        line = request.body.decode("utf-8", "replace").split("\r\n", 1)[0].strip()
+        parts = line.split(" ")
+        final = len(parts) >= 2 and parts[1].isdigit() and int(parts[1]) >= 200
+        log.info("sip: call %s: transfer progress %r", call.call_id, line)
+        if final and call.referred is not None and not call.referred.done():
+            call.referred.set_result(line)
 
     # -- the end -----------------------------------------------------------------------------
 

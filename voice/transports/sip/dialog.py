@@ -43,10 +43,10 @@ class SipDialog:
 
     def remote_target(self) -> str:
         """Where requests inside the dialog go: the caller's Contact (else its From URI)."""
-        contact = self.invite.header("Contact")
         with contextlib.suppress(SipParseError):
-            if contact:
-                return parse_name_addr(contact).uri
+            contacts = self.invite.header_values("Contact")
+            if contacts:
+                return parse_name_addr(contacts[0]).uri
         return parse_name_addr(self.invite.header("From") or "").uri
 
     def matches(self, message: SipMessage) -> bool:
