@@ -17,25 +17,23 @@ from voice.agents.transfer import CallControlError
 from voice.server.call_records import CallsFull
 from voice.server.calls import Switchboard
 from voice.server.settings import SipSettings
-from voice.transports.sip.dialog import SipDialog
+from voice.transports.sip.dialog import SipDialog, called_user, header_user
 from voice.transports.sip.digest import DigestAuth
 from voice.transports.sip.endpoint import Peer, SipEndpoint, SipError
 from voice.transports.sip.media import SipMedia
 from voice.transports.sip.message import (
     SipMessage,
-    SipParseError,
     new_tag,
     parse_name_addr,
-    parse_uri,
     response_to,
 )
+from voice.transports.sip.refer import Refer, ReferFailed, refer_target
 from voice.transports.sip.rtp import G711, RtpSession, open_rtp_session
 from voice.transports.sip.sdp import SdpError, answer, choose, parse_sdp
 
 log = logging.getLogger(__name__)
 
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY, REGISTER"
-_TRANSFER_S = 30.0  # how long a REFER's final NOTIFY is waited for
 _BUSY = {"capacity", "worker_full", "cluster_full"}
 
 
@@ -52,8 +50,7 @@ class SipCall:
     bye_received: bool = False
     session_id: int = field(default_factory=lambda: random.randrange(1, 2**31))
     version: int = 1
-    # A REFER we sent: the final status line its NOTIFYs report ("SIP/2.0 200 OK").
-    referred: asyncio.Future[str] | None = None
+    refer: Refer | None = None  # a transfer we asked for
 
 
 class SipService:
@@ -205,7 +202,7 @@ class SipService:
                 [("Warning", f'399 hotline "{exc}"')],
             )
             return
-        caller, callee = _user(request.header("From")), _request_user(request)
+        caller, callee = header_user(request.header("From")), called_user(request)
         try:
             call_id = await self.board.admit("sip", caller=caller, callee=callee)
         except CallsFull as full:
@@ -314,44 +311,23 @@ class SipService:
         call = next((c for c in self.calls.values() if c.call_id == call_id), None)
         if call is None:
             raise CallControlError(f"no SIP call {call_id}", provider="sip")
-        target = action.target
-        if not target.lower().startswith(("sip:", "sips:")):
-            target = f"sip:{target}@{call.dialog.peer.host}"  # a number: the caller's PBX dials it
-        headers = [("Refer-To", f"<{target}>"), ("Referred-By", f"<{call.dialog.contact}>")]
-        refer = call.dialog.request("REFER", headers)
-        call.referred = asyncio.get_running_loop().create_future()
+        target = refer_target(action.target, call.dialog.peer.host)
+        call.refer = Refer(self.endpoint, call.dialog)
         try:
-            answer = await self.endpoint.request(refer, call.dialog.peer)
-        except SipError as exc:
-            raise CallControlError(f"REFER: {exc}", provider="sip") from exc
-        if not 200 <= (answer.status or 0) < 300:
-            raise CallControlError(
-                f"the caller's side refused the transfer: {answer.status} {answer.reason}",
-                provider="sip",
-                status=answer.status,
-            )
-        log.info("sip: call %s: REFER to %s accepted (%s)", call_id, target, answer.status)
-        try:
-            outcome = await asyncio.wait_for(call.referred, _TRANSFER_S)
-        except TimeoutError:
-            return "accepted; no final NOTIFY"
-        if not outcome.split(" ")[1:2] or not outcome.split(" ")[1].startswith("2"):
-            raise CallControlError(f"the transfer failed: {outcome}", provider="sip")
+            outcome = await call.refer.send(target)
+        except ReferFailed as exc:
+            raise CallControlError(str(exc), provider="sip", status=exc.status) from exc
+        log.info("sip: call %s: REFER to %s: %s", call_id, target, outcome)
         return outcome
 
     def _notify(self, request: SipMessage, peer: Peer) -> None:
-        """How our REFER goes (a sipfrag: "SIP/2.0 180 Ringing", then a final status)."""
         call = self._find(request)
         if call is None:
             self._reply(request, peer, 481, "Call/Transaction Does Not Exist")
             return
         self._reply(request, peer, 200, "OK")
-        line = request.body.decode("utf-8", "replace").split("\r\n", 1)[0].strip()
-        parts = line.split(" ")
-        final = len(parts) >= 2 and parts[1].isdigit() and int(parts[1]) >= 200
-        log.info("sip: call %s: transfer progress %r", call.call_id, line)
-        if final and call.referred is not None and not call.referred.done():
-            call.referred.set_result(line)
+        if call.refer is not None:
+            call.refer.notified(request)
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -413,19 +389,3 @@ class SipService:
         call = self.calls.get(sip_call_id)
         if call is not None and call.media is not None:
             call.media.key_in(digit, at)
-
-
-def _user(value: str | None) -> str | None:
-    """The user part of a From/To header's URI (the caller's number), if any."""
-    with contextlib.suppress(SipParseError):
-        return parse_uri(parse_name_addr(value or "").uri).user
-    return None
-
-
-def _request_user(request: SipMessage) -> str | None:
-    """The called number: the Request-URI's user, else the To header's."""
-    with contextlib.suppress(SipParseError):
-        user = parse_uri(request.uri or "").user
-        if user:
-            return user
-    return _user(request.header("To"))

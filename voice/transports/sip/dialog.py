@@ -15,6 +15,7 @@ from voice.transports.sip.message import (
     SipParseError,
     new_branch,
     parse_name_addr,
+    parse_uri,
 )
 
 log = logging.getLogger(__name__)
@@ -99,3 +100,19 @@ class SipDialog:
                 endpoint.send(answer, self.peer)
             interval = min(interval * 2, T2)
         return True
+
+
+def header_user(value: str | None) -> str | None:
+    """The user part of a From/To header's URI (the caller's number), if any."""
+    with contextlib.suppress(SipParseError):
+        return parse_uri(parse_name_addr(value or "").uri).user
+    return None
+
+
+def called_user(request: SipMessage) -> str | None:
+    """The called number: the Request-URI's user, else the To header's."""
+    with contextlib.suppress(SipParseError):
+        user = parse_uri(request.uri or "").user
+        if user:
+            return user
+    return header_user(request.header("To"))
