@@ -6,6 +6,10 @@ ms since the end of caller speech as the server detected it). CPU and memory com
 server's `/healthz` before and after: CPU seconds per call-minute is the server's CPU time spent
 during the run divided by the summed duration of the calls. The figures and their tables are
 in `voice.devtools.bench_report`.
+
+`--transport sip` calls the server's SIP port (`--sip-port`, on the URL's host: the server runs
+with `HOTLINE_SIP__ENABLED=true`, and must allow this machine, `HOTLINE_SIP__ALLOW`) with
+`voice.devtools.sip_caller`; each caller's unique From user finds its call in `GET /calls`.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -70,14 +75,34 @@ def twilio_stream_url(url: str) -> str:
     return f"{websocket_url(url.rstrip('/'))}/twilio/stream"
 
 
-Transport = Literal["webrtc", "twilio"]
+Transport = Literal["webrtc", "twilio", "sip"]
+SIP_PORT = 5060
+
+
+async def sip_call_id(http: httpx.AsyncClient, caller: str, within_s: float = 10.0) -> str | None:
+    """The server's id of the SIP call from `caller` (a unique From user), as its `GET /calls`
+    or `GET /calls/ended` lists it; None if not listed within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        for path in ("/calls", "/calls/ended?limit=200"):
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+                response = await http.get(path)
+                response.raise_for_status()
+                for call in response.json()["calls"]:
+                    if call.get("caller") == caller and call.get("transport") == "sip":
+                        return str(call["call_id"])
+        if time.monotonic() >= deadline:
+            return None
+        await asyncio.sleep(0.2)  # a poll interval, not a synchronisation
 
 
 class _Bench:
     """One benchmark run: its callers, and the turns they have finished so far."""
 
-    def __init__(self, http: httpx.AsyncClient, url: str, transport: Transport) -> None:
-        self.http, self.url, self.transport = http, url, transport
+    def __init__(
+        self, http: httpx.AsyncClient, url: str, transport: Transport, sip_port: int = SIP_PORT
+    ) -> None:
+        self.http, self.url, self.transport, self.sip_port = http, url, transport, sip_port
         self.done: list[int] = []  # turns of each finished call
         self.known: set[str] = set()  # calls the server's count must leave out
 
@@ -97,6 +122,15 @@ class _Bench:
             from voice.devtools.twilio_call import place_twilio_call
 
             return await place_twilio_call(twilio_stream_url(self.url), utterances)
+        if self.transport == "sip":
+            from voice.devtools.sip_caller import place_sip_call
+
+            host = urlsplit(self.url).hostname or "127.0.0.1"
+            result = await place_sip_call(host, self.sip_port, utterances)
+            if result.rejected is not None:
+                raise RuntimeError(f"SIP call {result.sip_call_id}: {result.rejected}")
+            result.call_id = await sip_call_id(self.http, result.caller) or result.call_id
+            return result
         from voice.devtools.webrtc_caller import place_call
 
         return await place_call(self.url, utterances)
@@ -147,15 +181,17 @@ async def run_bench(
     progress: Callable[[int], None] | None = None,
     stagger_s: float = 0.2,
     wavs: Sequence[Path] = (),
+    sip_port: int = SIP_PORT,
 ) -> BenchReport:
     """Place `calls` concurrent calls of `turns` turns each and report latency and cost.
 
     `progress` is called with the number of turns completed so far (of `calls * turns`).
+    SIP calls go to `sip_port` on the URL's host.
     """
     speech = caller_speech(wavs)
     script = [speech[i % len(speech)] for i in range(turns)]
     async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=30) as http:
-        bench = _Bench(http, url, transport)
+        bench = _Bench(http, url, transport, sip_port)
         before = await bench.health()
         bench.known = {c["call_id"] for c in await bench.active_calls()}
         watcher = None
@@ -184,13 +220,25 @@ async def run_bench(
 class BenchTransport(StrEnum):
     webrtc = "webrtc"
     twilio = "twilio"
+    sip = "sip"
+
+
+_KINDS: dict[BenchTransport, Transport] = {
+    BenchTransport.webrtc: "webrtc",
+    BenchTransport.twilio: "twilio",
+    BenchTransport.sip: "sip",
+}
 
 
 def bench_command(
     url: Annotated[str, typer.Option(help="Server URL")] = "http://127.0.0.1:8080",
     transport: Annotated[
-        BenchTransport, typer.Option(help="webrtc (/offer) or twilio (/twilio/stream)")
+        BenchTransport,
+        typer.Option(help="webrtc (/offer), twilio (/twilio/stream) or sip (UDP, --sip-port)"),
     ] = BenchTransport.webrtc,
+    sip_port: Annotated[
+        int, typer.Option(help="The server's SIP port, on the URL's host (--transport sip)")
+    ] = SIP_PORT,
     calls: Annotated[int, typer.Option(min=1, help="Concurrent calls")] = 1,
     turns: Annotated[int, typer.Option(min=1, help="Turns per call")] = 3,
     out: Annotated[Path, typer.Option(help="Where to write the JSON report")] = Path("bench.json"),
@@ -208,7 +256,7 @@ def bench_command(
     console = Console()
     setup_logging("warning", console)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    kind: Transport = "twilio" if transport is BenchTransport.twilio else "webrtc"
+    kind = _KINDS[transport]
     with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task(f"{kind} turns", total=calls * turns)
         try:
@@ -221,6 +269,7 @@ def bench_command(
                     progress=lambda n: bar.update(task, completed=n),
                     stagger_s=stagger,
                     wavs=wav or (),
+                    sip_port=sip_port,
                 )
             )
         except httpx.HTTPError as exc:

@@ -1,0 +1,74 @@
+"""The scripted SIP caller against a real `hotline serve` with SIP on: one call timed at the
+caller and found in the server's records, and `hotline bench --transport sip`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from tests.support.server import Server, free_port, logged, start_server, stop_server
+from tests.support.speech import concat, piper, silence
+from voice.cli.main import app
+from voice.devtools.bench import sip_call_id
+from voice.devtools.sip_caller import place_sip_call
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sip_server() -> Iterator[tuple[Server, int]]:
+    port = free_port()
+    server = start_server({"HOTLINE_SIP__ENABLED": "true", "HOTLINE_SIP__PORT": str(port)})
+    yield server, port
+    assert stop_server(server) == 0, "\n".join(server.log[-40:])
+
+
+@pytest.mark.parametrize("transport", ["udp", "tcp"])
+async def test_a_sip_call_is_answered_timed_and_recorded(
+    sip_server: tuple[Server, int], transport: Literal["udp", "tcp"]
+) -> None:
+    server, port = sip_server
+    speech = concat(silence(300), piper("I would like to book a table"), silence(300))
+
+    result = await place_sip_call("127.0.0.1", port, [speech], dtmf="5#", transport=transport)
+
+    assert result.rejected is None and result.status == 200, server.log[-40:]
+    assert result.codec == "PCMU" and 100 in result.provisional
+    assert result.bye_status == 200 and not result.server_hung_up
+    assert result.packets_sent > 0 and result.packets_received > 0
+    assert len(result.turns) == 1
+    v2v = result.turns[0].voice_to_voice_ms
+    assert v2v is not None and v2v > 0
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        call_id = await sip_call_id(http, result.caller)  # the server's id, by the From user
+        assert call_id is not None
+        detail: dict[str, Any] = (await http.get(f"/calls/{call_id}")).json()
+    assert detail["transport"] == "sip" and detail["caller"] == result.caller
+    assert detail["callee"] == "+15551230000"
+    assert "table" in detail["records"][0]["caller_text"].lower()
+    await logged(server, f"call {call_id}: DTMF 5", f"call {call_id}: DTMF #")
+
+
+def test_bench_over_sip_reports_voice_to_voice(
+    sip_server: tuple[Server, int], tmp_path: Path
+) -> None:
+    server, port = sip_server
+    out = tmp_path / "bench.json"
+    command = ["bench", "--transport", "sip", "--url", server.url, "--sip-port", str(port)]
+
+    ran = CliRunner().invoke(app, [*command, "--calls", "2", "--turns", "2", "--out", str(out)])
+
+    assert ran.exit_code == 0, ran.output + "\n".join(server.log[-40:])
+    report = json.loads(out.read_text())
+    assert report["transport"] == "sip" and report["failures"] == 0
+    assert report["voice_to_voice_ms"]["count"] == 4
+    assert report["voice_to_voice_ms"]["p50"] > 0 and report["voice_to_voice_ms"]["p95"] > 0
+    assert {"stt", "first_audio"} <= set(report["parts_ms"])  # the server's records, matched
+    assert report["cpu_s_per_call_minute"] > 0
+    assert len({call["call_id"] for call in report["samples"]}) == 2

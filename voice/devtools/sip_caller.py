@@ -1,0 +1,298 @@
+"""A scripted SIP caller: a minimal user agent client built from Hotline's own SIP, SDP and RTP
+modules, used by `hotline bench --transport sip` and the tests.
+
+It sends an INVITE with an SDP offer (PCMU, PCMA, telephone-event/8000) over UDP (retransmitted,
+timer A) or TCP, ACKs the answer, then speaks its utterances as 20 ms G.711 RTP frames on the
+absolute clock (silence between them, as a phone does) through `voice.devtools.turns.converse`,
+presses keys as RFC 4733 events (3 updates, 3 end packets), and ends with BYE, or answers the
+server's BYE. Reply audio is heard as its RTP arrives (there is no playout buffer, so a real
+phone's own jitter buffer comes on top): voice-to-voice latency runs from the end of the
+caller's last audible frame sent to the first audible reply frame received.
+
+SIP gives the caller no handle on the server's id of the call: the server lists it (`GET
+/calls`, `GET /calls/ended`) with the From user as `caller`, unique by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+import struct
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
+from voice.audio import StreamResampler, resample, rms
+from voice.devtools.sip_leg import DTMF_PAYLOAD_TYPE, SipLeg, SipTransport, hostport, offer_sdp
+from voice.devtools.turns import AUDIBLE_RMS, CallResult, Ear, FrameTest, converse
+from voice.devtools.turns import barge_in_stop_ms as stop_ms
+from voice.transports.sip.message import (
+    SipParseError,
+)
+from voice.transports.sip.rtp import DTMF_DIGITS, G711, RtpPacket, RtpSession
+from voice.transports.sip.sdp import SdpError, choose, parse_sdp
+
+log = logging.getLogger(__name__)
+
+WIRE_RATE = 8000
+WIRE_FRAME = 160  # 20 ms at 8 kHz
+FRAME_S = WIRE_FRAME / WIRE_RATE
+DTMF_VOLUME = 10  # -dBm0
+KEY_TICKS = ((False, 160), (False, 320), (False, 480), (True, 480), (True, 480), (True, 480))
+
+
+@dataclass
+class SipCallResult(CallResult):
+    """What the caller heard, and how the SIP side went."""
+
+    sip_call_id: str = ""
+    caller: str = ""  # the From user
+    status: int | None = None  # the INVITE's final status
+    rejected: str | None = None  # why there was no call: "486 Busy Here", "no answer", ...
+    provisional: list[int] = field(default_factory=list)  # 100, 180, ...
+    codec: str | None = None
+    server_hung_up: bool = False  # the server sent BYE first
+    bye_status: int | None = None  # the answer to our BYE
+    packets_sent: int = 0
+    packets_received: int = 0
+
+
+class CallerRtp(RtpSession):
+    """The caller's RTP session, which can also send RFC 4733 telephone-events (they share the
+    audio's sequence numbers; the audio's timestamp then skips the event's ticks)."""
+
+    def send_event(self, digit: str, duration: int, *, end: bool, first: bool) -> None:
+        remote, kind = self.remote, self.dtmf_payload_type
+        if self._closed or self._transport is None or remote is None or kind is None:
+            return
+        flags = (0x80 if end else 0) | DTMF_VOLUME
+        payload = struct.pack("!BBH", DTMF_DIGITS.index(digit), flags, duration)
+        packet = RtpPacket(kind, self._sequence, self._timestamp, self.ssrc, first, payload)
+        self._sequence = (self._sequence + 1) % (1 << 16)
+        self._transport.sendto(packet.to_bytes(), remote)
+        self.packets_out += 1
+
+    def skip(self, samples: int) -> None:
+        self._timestamp = (self._timestamp + samples) % (1 << 32)
+
+
+async def open_caller_rtp(
+    host: str, on_audio: Callable[[PCM, float], None], codec: str = "PCMU"
+) -> CallerRtp:
+    """A `CallerRtp` bound to any free UDP port on `host` (its remote is set once answered)."""
+    session = CallerRtp(G711(codec), DTMF_PAYLOAD_TYPE, on_audio, lambda key, at: None, remote=None)
+    loop = asyncio.get_running_loop()
+    await loop.create_datagram_endpoint(lambda: session, local_addr=(host, 0))
+    return session
+
+
+class SipPhone:
+    """The handset: microphone and keypad on a 20 ms clock sending RTP, an ear on what comes
+    back. Implements `voice.devtools.turns.Line`."""
+
+    def __init__(self) -> None:
+        self.ear = Ear()
+        self.rtp: CallerRtp | None = None
+        self.hung_up = asyncio.Event()
+        self._mic: deque[tuple[list[PCM], asyncio.Future[list[float]], list[float]]] = deque()
+        self._keys: deque[tuple[str, asyncio.Future[None] | None]] = deque()
+        self._key: tuple[str, asyncio.Future[None] | None, list[tuple[bool, int]]] | None = None
+        self._to_wide = StreamResampler(WIRE_RATE, SAMPLE_RATE)
+
+    def say(self, pcm: PCM) -> asyncio.Future[list[float]]:
+        """Queue an utterance (16 kHz); the future gives the time each 20 ms frame was sent."""
+        narrow = resample(pcm, SAMPLE_RATE, WIRE_RATE)
+        count = max(1, -(-len(pcm) // FRAME_SAMPLES))
+        padded = np.zeros(count * WIRE_FRAME, dtype=np.int16)
+        padded[: min(len(narrow), len(padded))] = narrow[: len(padded)]
+        frames = list(padded.reshape(count, WIRE_FRAME))
+        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
+        self._mic.append((frames, future, []))
+        return future
+
+    def press(self, digits: str) -> asyncio.Future[None]:
+        """Queue key presses; the future is done once every packet of the last one went."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not digits:
+            done.set_result(None)
+        for i, digit in enumerate(digits):
+            if digit not in DTMF_DIGITS:
+                raise ValueError(f"not a DTMF key: {digit!r}")
+            self._keys.append((digit, done if i == len(digits) - 1 else None))
+        return done
+
+    async def hear(self, predicate: FrameTest, within_s: float) -> float | None:
+        """Wait for `predicate` over the frames heard; None on timeout or hang-up."""
+        if self.hung_up.is_set():
+            return predicate(self.ear.frames)
+        waiting = asyncio.ensure_future(self.ear.wait_for(predicate, within_s))
+        ended = asyncio.ensure_future(self.hung_up.wait())
+        await asyncio.wait({waiting, ended}, return_when=asyncio.FIRST_COMPLETED)
+        ended.cancel()
+        if waiting.done():
+            return waiting.result()
+        waiting.cancel()
+        return predicate(self.ear.frames)
+
+    def heard(self, pcm8k: PCM, at: float) -> None:
+        """The RTP session's audio callback: one 20 ms frame received at `at`."""
+        self.ear.record(at, rms(pcm8k) > AUDIBLE_RMS, self._to_wide(pcm8k))
+
+    async def run(self) -> None:
+        """Send one frame (or telephone-event packet) every 20 ms of the absolute clock."""
+        start, tick = time.monotonic(), 0
+        while True:
+            delay = start + tick * FRAME_S - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._tick(time.monotonic())
+            tick += 1
+
+    def _tick(self, now: float) -> None:
+        rtp = self.rtp
+        if rtp is None:
+            return
+        if self._key is None and self._keys and not self._mic:
+            digit, done = self._keys.popleft()
+            self._key = (digit, done, list(KEY_TICKS))
+        if self._key is not None:
+            digit, done, ticks = self._key
+            end, duration = ticks.pop(0)
+            rtp.send_event(digit, duration, end=end, first=len(ticks) == len(KEY_TICKS) - 1)
+            if not ticks:
+                rtp.skip(len(KEY_TICKS) * WIRE_FRAME)
+                self._key = None
+                if done is not None and not done.done():
+                    done.set_result(None)
+            return
+        frame = np.zeros(WIRE_FRAME, dtype=np.int16)
+        if self._mic:
+            frames, future, sent = self._mic[0]
+            frame = frames[len(sent)]
+            sent.append(now)
+            if len(sent) == len(frames):
+                self._mic.popleft()
+                if not future.done():
+                    future.set_result(sent)
+        rtp.send_frame(frame)
+
+
+def _local_address(address: str, port: int) -> str:
+    """This machine's address on the route to `address` (what the server can send to)."""
+    with socket.socket(
+        socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_DGRAM
+    ) as s:
+        s.connect((address, port))
+        return str(s.getsockname()[0])
+
+
+async def place_sip_call(
+    host: str,
+    port: int,
+    utterances: Sequence[PCM],
+    *,
+    number: str = "+15551230000",
+    caller: str | None = None,
+    transport: SipTransport = "udp",
+    barge_in_after_ms: float | None = None,
+    dtmf: str = "",
+    reply_timeout_s: float = 30.0,
+    quiet_s: float = 0.8,
+    local_host: str | None = None,
+    codecs: Sequence[str] = ("PCMU", "PCMA"),
+) -> SipCallResult:
+    """Call `number` at the SIP server `host:port` and speak `utterances` (16 kHz), one turn
+    each (`converse`'s turn-taking, `barge_in_after_ms` and `dtmf`), then hang up.
+
+    `caller` is the From user (default: a unique `bench-<hex>`); `local_host` the address for
+    SIP and RTP (default: this machine's on the route to `host`). `call_id` is the SIP Call-ID
+    (the server's own id is listed by `GET /calls` with `caller`). Failures come back in
+    `rejected` (a non-2xx final status, no answer, an unusable SDP answer), not raised.
+    """
+    caller = caller or f"bench-{secrets.token_hex(4)}"
+    result = SipCallResult("", [], np.zeros(0, dtype=np.int16), caller=caller)
+    phone = SipPhone()
+    rtp: CallerRtp | None = None
+    target = f"sip:{number}@{hostport(host, port)}" + (
+        ";transport=tcp" if transport == "tcp" else ""
+    )
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        address = (str(infos[0][4][0]), int(infos[0][4][1]))
+        local_host = local_host or _local_address(*address)
+        leg = SipLeg(transport, address, target)
+        phone.hung_up = leg.hung_up
+        await leg.open(local_host, caller)
+    except OSError as exc:
+        result.rejected = f"unreachable: {exc!r}"
+        return result
+    try:
+        result.call_id = result.sip_call_id = leg.call_id
+        rtp = await open_caller_rtp(local_host, phone.heard, codecs[0])
+        offer = offer_sdp(local_host, rtp.local_port, codecs)
+        final = await leg.invite(offer, result.provisional)
+        result.status = final.status if final is not None else None
+        if final is None or (final.status or 0) >= 300:
+            result.rejected = f"{final.status} {final.reason}" if final else "no answer"
+            return result
+        try:
+            remote = parse_sdp(final.body)
+            codec, events = choose(remote, codecs)
+        except SdpError as exc:
+            result.rejected = f"unusable SDP answer: {exc}"
+            result.bye_status = await leg.bye()
+            return result
+        result.codec = codec.name
+        rtp.codec = G711(codec.name)
+        rtp.dtmf_payload_type = events.payload_type if events else None
+        rtp.remote = (remote.address, remote.port)
+        phone.rtp = rtp
+        script = converse(
+            phone,
+            utterances,
+            result.turns,
+            barge_in_after_ms=barge_in_after_ms,
+            dtmf=dtmf,
+            reply_timeout_s=reply_timeout_s,
+            quiet_s=quiet_s,
+        )
+        result.server_hung_up = await _talk(phone, script)
+        if not result.server_hung_up:
+            result.bye_status = await leg.bye()
+    except (OSError, SipParseError) as exc:
+        log.warning("sip call %s failed: %r", result.sip_call_id, exc)
+        result.rejected = result.rejected or f"failed: {exc!r}"
+    finally:
+        if rtp is not None:
+            rtp.close()
+            result.packets_sent, result.packets_received = rtp.packets_out, rtp.packets_in
+        leg.close()
+        result.reply_audio = phone.ear.audio()
+    if barge_in_after_ms is not None:
+        result.barge_in_stop_ms = stop_ms(result.turns)
+    return result
+
+
+async def _talk(phone: SipPhone, conversation: Coroutine[Any, Any, None]) -> bool:
+    """Run the phone's clock and the caller's `conversation` until it ends or the server hangs
+    up; True if the server hung up first."""
+    clock = asyncio.create_task(phone.run())
+    script = asyncio.create_task(conversation)
+    ended = asyncio.create_task(phone.hung_up.wait())
+    try:
+        await asyncio.wait({script, ended, clock}, return_when=asyncio.FIRST_COMPLETED)
+        for part in (script, clock):
+            if part.done():
+                part.result()  # a failure in the script or the phone is raised, not hidden
+        return not script.done()
+    finally:
+        for task in (script, ended, clock):
+            task.cancel()
+        await asyncio.gather(script, ended, clock, return_exceptions=True)
