@@ -3,6 +3,7 @@ caller and found in the server's records, and `hotline bench --transport sip`.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,3 +73,30 @@ def test_bench_over_sip_reports_voice_to_voice(
     assert {"stt", "first_audio"} <= set(report["parts_ms"])  # the server's records, matched
     assert report["cpu_s_per_call_minute"] > 0
     assert len({call["call_id"] for call in report["samples"]}) == 2
+
+
+async def test_a_refused_refer_is_told_to_the_caller_and_the_call_goes_on(
+    sip_server: tuple[Server, int],
+) -> None:
+    """The scripted caller answers REFER with 501 (it cannot transfer): the bot says it could
+    not put the caller through, and the call goes on with the bot."""
+    server, port = sip_server
+    speech = concat(silence(300), piper("Can I speak to someone?"), silence(9000))
+    caller = "refer-refuser"
+    phone = asyncio.create_task(
+        place_sip_call("127.0.0.1", port, [speech], caller=caller, quiet_s=8.0)
+    )
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        call_id = await sip_call_id(http, caller)
+        assert call_id is not None
+        await logged(server, f"call {call_id} turn 1", within_s=30)  # answered, heard out
+        asked = await http.post(f"/calls/{call_id}/transfer", json={"target": "+15557654321"})
+        assert asked.status_code == 200, asked.text
+        [line] = await logged(server, f"call {call_id}: transfer failed", within_s=20)
+        assert "501" in line
+        result = await phone
+        detail: dict[str, Any] = (await http.get(f"/calls/{call_id}")).json()
+    assert result.rejected is None and not result.server_hung_up  # the call went on
+    assert detail["transfer"] is None
+    said = [m["content"] for m in detail["history"] if m["role"] == "assistant"]
+    assert "Sorry, I couldn't put you through right now." in said
