@@ -7,8 +7,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Debian packages the tests use: test speech (espeak-ng, sox), the browser test (chromium), Redis,
-# a real SIP softphone as the caller of the SIP tests (baresip).
-TEST_DEBS := espeak-ng sox chromium redis-server baresip
+# a real SIP softphone as the caller of the SIP tests (baresip), a SIP dispatcher (kamailio).
+TEST_DEBS := espeak-ng sox chromium redis-server baresip kamailio
 
 # The real-time tests mostly wait on the clock, so more workers than cores still pay off.
 TEST_WORKERS ?= 3
