@@ -100,3 +100,31 @@ async def test_a_refused_refer_is_told_to_the_caller_and_the_call_goes_on(
     assert detail["transfer"] is None
     said = [m["content"] for m in detail["history"] if m["role"] == "assistant"]
     assert "Sorry, I couldn't put you through right now." in said
+
+
+@pytest.fixture(scope="module")
+def one_line_server() -> Iterator[tuple[Server, int]]:
+    """A worker that takes one call at a time."""
+    port = free_port()
+    server = start_server(
+        {"HOTLINE_SIP__ENABLED": "true", "HOTLINE_SIP__PORT": str(port), "HOTLINE_MAX_CALLS": "1"}
+    )
+    yield server, port
+    assert stop_server(server) == 0, "\n".join(server.log[-40:])
+
+
+async def test_a_full_worker_answers_busy_never_silence(
+    one_line_server: tuple[Server, int],
+) -> None:
+    server, port = one_line_server
+    first = asyncio.create_task(
+        place_sip_call(
+            "127.0.0.1", port, [silence(6000)], caller="first", quiet_s=0.5, reply_timeout_s=2.0
+        )
+    )
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        assert await sip_call_id(http, "first") is not None  # the line is taken
+    second = await place_sip_call("127.0.0.1", port, [silence(500)], caller="second")
+    assert second.rejected == "486 Busy Here" and second.status == 486
+    await logged(server, "sip: INVITE from 127.0.0.1 refused: capacity")
+    assert (await first).rejected is None
