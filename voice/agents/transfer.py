@@ -63,7 +63,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
 import httpx
@@ -126,6 +126,17 @@ class _Command:
     url: str
     body: dict[str, Any]
     idempotent: bool  # sending it twice acts once
+
+
+class CallMover(Protocol):
+    """Who puts a call of a transport through to a person: Telnyx's and Vonage's REST APIs
+    (`CallControl`), SIP's REFER (`voice.server.routes.sip`)."""
+
+    def supports(self, transport: str) -> bool: ...
+
+    async def transfer(self, transport: str, call_id: str, transfer: Transfer) -> str | None:
+        """Once the transfer is under way (its outcome, if known); CallControlError if not."""
+        ...
 
 
 class CallControl:

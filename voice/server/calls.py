@@ -10,7 +10,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Any
 
 from pipeline.conversation import Conversation
 from pipeline.llm.routing import Policy, TierRouter
@@ -19,7 +19,7 @@ from pipeline.services import SpeechRecognizer, SpeechSynthesizer
 from pipeline.tools import ActionFailed, CallAction, EndCall, SendDigits, Transfer
 from pipeline.transport import Transport
 from voice.agents.runtime import Agents
-from voice.agents.transfer import CallControl, CallControlError
+from voice.agents.transfer import CallControl, CallControlError, CallMover
 from voice.cluster.records import RegisteredCall, UnknownCall
 from voice.cluster.registry import CallRegistry
 from voice.cluster.webhooks import WebhookOutbox
@@ -34,14 +34,6 @@ from voice.server.tracing import TurnTracer
 log = logging.getLogger(__name__)
 
 _FINISHED_KEPT = 200  # finished calls' records kept in memory for GET /calls/{id}
-
-
-class SipTransfers(Protocol):
-    """How a SIP call is put through (voice.server.routes.sip: a REFER in its dialog)."""
-
-    async def transfer(self, call_id: str, action: Transfer) -> str:
-        """The outcome the caller's side reported; CallControlError if it failed."""
-        ...
 
 
 class Switchboard:
@@ -70,7 +62,7 @@ class Switchboard:
         self.call_control = call_control
         self.tracer = tracer
         self.recordings = recordings
-        self.sip_transfers: SipTransfers | None = None  # set when SIP is on
+        self.sip_transfers: CallMover | None = None  # set when SIP is on
         public_url = settings.telephony.public_url
         self.after_call = AfterCall(sessions, recordings, outbox, public_url)
         self.sessions = sessions
@@ -287,25 +279,18 @@ class Switchboard:
         Telnyx and Vonage: their call control API transfers the call first (if it fails:
         ActionFailed, the caller is told and the call goes on with the bot)."""
         outcome = None
-        if call.transport == "sip" and self.sip_transfers is not None:
-            # SIP: a REFER in the call's dialog; the caller's side dials the target and tells
-            # how it went (NOTIFY); then the bot leaves.
-            try:
-                outcome = await self.sip_transfers.transfer(call.call_id, action)
-            except CallControlError as exc:
-                log.error("call %s: transfer failed: %s", call.call_id, exc)
-                raise ActionFailed(
-                    str(exc), self.settings.telephony.transfer_failed_message
-                ) from exc
-        elif call.transport not in ("twilio", "webrtc"):
-            # Telnyx, Vonage: the provider's call control moves the caller; then the bot leaves.
-            control = self.call_control
+        if call.transport not in ("twilio", "webrtc"):
+            # Telnyx, Vonage: the provider's call control moves the caller; SIP: a REFER (the
+            # caller's side dials, then says how it went); then the bot leaves.
+            control: CallMover | None = (
+                self.sip_transfers if call.transport == "sip" else self.call_control
+            )
             failure = None
             if control is None or not control.supports(call.transport):
                 failure = f"no {call.transport} call control credentials are configured"
             else:
                 try:
-                    await control.transfer(call.transport, call.call_id, action)
+                    outcome = await control.transfer(call.transport, call.call_id, action)
                 except CallControlError as exc:
                     failure = str(exc)
             if failure is not None:

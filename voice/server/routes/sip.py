@@ -304,7 +304,10 @@ class SipService:
 
     # -- transfer (REFER, RFC 3515) ----------------------------------------------------------
 
-    async def transfer(self, call_id: str, action: Transfer) -> str:
+    def supports(self, transport: str) -> bool:
+        return transport == "sip"
+
+    async def transfer(self, transport: str, call_id: str, action: Transfer) -> str:
         """Blind transfer: REFER the caller to `action.target`; the final status its NOTIFYs
         report ("SIP/2.0 200 OK"). CallControlError if the REFER is refused or unanswered, or
         the caller's side reports that the transfer failed."""
