@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -128,3 +130,56 @@ async def test_a_full_worker_answers_busy_never_silence(
     assert second.rejected == "486 Busy Here" and second.status == 486
     await logged(server, "sip: INVITE from 127.0.0.1 refused: capacity")
     assert (await first).rejected is None
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, int, Path]]:
+    """A worker with SIP over TLS, its certificate made for 127.0.0.1 by openssl."""
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    tls_port = free_port()
+    server = start_server(
+        {
+            "HOTLINE_SIP__ENABLED": "true",
+            "HOTLINE_SIP__PORT": str(free_port()),
+            "HOTLINE_SIP__TLS_PORT": str(tls_port),
+            "HOTLINE_SIP__TLS_CERT_FILE": str(cert),
+            "HOTLINE_SIP__TLS_KEY_FILE": str(key),
+        }
+    )
+    yield server, tls_port, cert
+    assert stop_server(server) == 0, "\n".join(server.log[-40:])
+
+
+async def test_a_call_over_tls(tls_server: tuple[Server, int, Path]) -> None:
+    server, port, cert = tls_server
+    trusted = ssl.create_default_context(cafile=str(cert))  # checks the server's certificate
+    speech = concat(silence(300), piper("I would like to book a table"), silence(300))
+    result = await place_sip_call(
+        "127.0.0.1", port, [speech], caller="over-tls", transport="tls", tls=trusted
+    )
+    assert result.rejected is None and result.status == 200 and result.bye_status == 200
+    async with httpx.AsyncClient(base_url=server.url) as http:
+        call_id = await sip_call_id(http, "over-tls")
+    await logged(server, f"sip: call {call_id} from 127.0.0.1 over TLS")
+    # plain TCP to the TLS port: the handshake fails, the connection is closed; the endpoint goes on
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"OPTIONS sip:x SIP/2.0\r\n\r\n")
+    await writer.drain()
+    assert await reader.read() == b""  # closed
+    writer.close()
+    again = await place_sip_call(
+        "127.0.0.1", port, [silence(500)], transport="tls", tls=trusted, reply_timeout_s=1.0
+    )
+    assert again.status == 200
+    untrusting = await place_sip_call(
+        "127.0.0.1", port, [silence(500)], transport="tls", reply_timeout_s=1.0
+    )
+    assert untrusting.rejected is not None and "CERTIFICATE_VERIFY_FAILED" in untrusting.rejected

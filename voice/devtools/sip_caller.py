@@ -19,6 +19,7 @@ import asyncio
 import logging
 import secrets
 import socket
+import ssl
 import struct
 import time
 from collections import deque
@@ -207,6 +208,7 @@ async def place_sip_call(
     quiet_s: float = 0.8,
     local_host: str | None = None,
     codecs: Sequence[str] = ("PCMU", "PCMA"),
+    tls: ssl.SSLContext | None = None,
 ) -> SipCallResult:
     """Call `number` at the SIP server `host:port` and speak `utterances` (16 kHz), one turn
     each (`converse`'s turn-taking, `barge_in_after_ms` and `dtmf`), then hang up.
@@ -214,20 +216,21 @@ async def place_sip_call(
     `caller` is the From user (default: a unique `bench-<hex>`); `local_host` the address for
     SIP and RTP (default: this machine's on the route to `host`). `call_id` is the SIP Call-ID
     (the server's own id is listed by `GET /calls` with `caller`). Failures come back in
-    `rejected` (a non-2xx final status, no answer, an unusable SDP answer), not raised.
+    `rejected` (a non-2xx final status, no answer, an unusable SDP answer), not raised. `tls`
+    checks the server's certificate on a "tls" call (default: the system's trusted CAs).
     """
     caller = caller or f"bench-{secrets.token_hex(4)}"
     result = SipCallResult("", [], np.zeros(0, dtype=np.int16), caller=caller)
     phone = SipPhone()
     rtp: CallerRtp | None = None
     target = f"sip:{number}@{hostport(host, port)}" + (
-        ";transport=tcp" if transport == "tcp" else ""
+        f";transport={transport}" if transport != "udp" else ""
     )
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
         address = (str(infos[0][4][0]), int(infos[0][4][1]))
         local_host = local_host or _local_address(*address)
-        leg = SipLeg(transport, address, target)
+        leg = SipLeg(transport, address, target, tls)
         phone.hung_up = leg.hung_up
         await leg.open(local_host, caller)
     except OSError as exc:

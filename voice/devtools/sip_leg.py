@@ -1,5 +1,5 @@
 """The scripted SIP caller's signalling (`voice.devtools.sip_caller`): one dialog with the
-server over UDP (requests retransmitted, timers A/E) or TCP, its client transactions, and the
+server over UDP (requests retransmitted, timers A/E), TCP or TLS, its client transactions, and the
 server's requests (BYE ends the call); and the caller's SDP offer."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import ssl
 import time
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -29,7 +30,7 @@ from voice.transports.sip.message import (
 log = logging.getLogger(__name__)
 
 DTMF_PAYLOAD_TYPE = 101
-SipTransport = Literal["udp", "tcp"]
+SipTransport = Literal["udp", "tcp", "tls"]
 
 
 def hostport(host: str, port: int) -> str:
@@ -41,8 +42,16 @@ class SipLeg(asyncio.DatagramProtocol):
     client transactions (every response, by branch), and the server's requests (a BYE for the
     dialog sets `hung_up`)."""
 
-    def __init__(self, transport: SipTransport, remote: tuple[str, int], target: str) -> None:
+    def __init__(
+        self,
+        transport: SipTransport,
+        remote: tuple[str, int],
+        target: str,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        """`tls`: the context a "tls" leg checks the server's certificate with."""
         self.transport, self.remote, self.target = transport, remote, target
+        self.tls = tls
         self.hung_up = asyncio.Event()
         self.call_id = self.sent_by = self.local = self.contact = ""
         self.remote_party = f"<{target}>"  # To: gets the server's tag from its answer
@@ -55,9 +64,12 @@ class SipLeg(asyncio.DatagramProtocol):
         self._waiting: dict[str, asyncio.Queue[SipMessage]] = {}
 
     async def open(self, local_host: str, caller: str) -> None:
-        if self.transport == "tcp":
+        if self.transport in ("tcp", "tls"):
+            secure = None
+            if self.transport == "tls":
+                secure = self.tls or ssl.create_default_context()
             reader, self._writer = await asyncio.open_connection(
-                *self.remote, local_addr=(local_host, 0)
+                *self.remote, local_addr=(local_host, 0), ssl=secure
             )
             self._reader = asyncio.create_task(self._read(reader))
             port = self._writer.get_extra_info("sockname")[1]

@@ -91,6 +91,11 @@ class SipSettings(BaseModel):
     enabled: bool = False  # listen for SIP (UDP and TCP)
     host: str | None = None  # where to listen; default: HOTLINE_HOST
     port: int = 5060  # 0: any free port (logged)
+    # SIP over TLS (Python's ssl, the system's OpenSSL; TLS 1.2 at least) on this port when a
+    # certificate and its key are given (PEM files).
+    tls_port: int = 5061
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
     # The address put in SDP and Contact (a NAT's public address); default: the listening host.
     public_address: str | None = None
     rtp_ports: tuple[int, int] = (20000, 30000)  # RTP on even ports in [low, high)

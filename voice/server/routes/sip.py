@@ -10,6 +10,7 @@ import contextlib
 import ipaddress
 import logging
 import random
+import ssl
 from dataclasses import dataclass, field
 
 from pipeline.tools import Transfer
@@ -60,7 +61,14 @@ class SipService:
         self.board = board
         self.settings = settings
         self.host = settings.host or default_host
-        self.endpoint = SipEndpoint(self.host, settings.port, self.on_request)
+        tls = None
+        if settings.tls_cert_file and settings.tls_key_file:
+            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            tls.minimum_version = ssl.TLSVersion.TLSv1_2
+            tls.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
+        self.endpoint = SipEndpoint(
+            self.host, settings.port, self.on_request, tls=tls, tls_port=settings.tls_port
+        )
         self.calls: dict[str, SipCall] = {}  # by SIP Call-ID
         self._allowed = [ipaddress.ip_network(a, strict=False) for a in settings.allow]
         users = {name: secret.get_secret_value() for name, secret in settings.users.items()}
@@ -71,12 +79,13 @@ class SipService:
     def public(self) -> str:
         return self.settings.public_address or self.host
 
-    @property
-    def sent_by(self) -> str:
-        return f"{self.public}:{self.endpoint.port}"
+    def sent_by(self, transport: str) -> str:
+        """Our host:port for Via headers and Contact, on `transport`'s port."""
+        port = self.endpoint.tls_port if transport == "TLS" else self.endpoint.port
+        return f"{self.public}:{port}"
 
     def contact(self, transport: str) -> str:
-        return f"sip:hotline@{self.sent_by};transport={transport.lower()}"
+        return f"sip:hotline@{self.sent_by(transport)};transport={transport.lower()}"
 
     async def start(self) -> None:
         await self.endpoint.start()
@@ -232,7 +241,8 @@ class SipService:
             self.board.release(call_id)
             self._reply(request, peer, 503, "Service Unavailable", [("Retry-After", "5")])
             return
-        dialog = SipDialog(request, peer, new_tag(), self.sent_by, self.contact(peer.transport))
+        sent_by = self.sent_by(peer.transport)
+        dialog = SipDialog(request, peer, new_tag(), sent_by, self.contact(peer.transport))
         call = SipCall(dialog, rtp, call_id)
         self.calls[request.call_id] = call
         if self.settings.answer_after_ms:

@@ -1,4 +1,5 @@
-"""SIP over UDP and TCP (RFC 3261 §18) with the transaction rules a user agent server needs
+"""SIP over UDP, TCP and TLS (RFC 3261 §18, §26.2; TLS from Python's `ssl`, the system's
+OpenSSL) with the transaction rules a user agent server needs
 (§17): a retransmitted request gets the response it got before, requests we send over UDP are
 retransmitted until answered (timers A/E, T1 = 500 ms, T2 = 4 s, 32 s in all), and responses go
 back where the request came from (symmetric, as `rport`, RFC 3581), which is what works behind
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,7 +36,7 @@ _MAX_TCP_CONNECTIONS = 1000
 class Peer:
     """Where a message came from and where its answers go: a UDP address, or a TCP connection."""
 
-    transport: str  # "UDP" | "TCP"
+    transport: str  # "UDP" | "TCP" | "TLS"
     address: tuple[str, int]
     writer: asyncio.StreamWriter | None = field(default=None, repr=False)
 
@@ -66,12 +68,23 @@ class SipEndpoint:
     """Listens for SIP on `host:port` (UDP and TCP; port 0: any free port, the same for both)
     and hands each new request to `handler`; answers retransmissions itself."""
 
-    def __init__(self, host: str, port: int, handler: Handler) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        handler: Handler,
+        tls: ssl.SSLContext | None = None,
+        tls_port: int = 5061,
+    ) -> None:
+        """`tls`: also listen for SIP over TLS on `tls_port` (0: any free port)."""
         self.host = host
         self.port = port
         self.handler = handler
+        self.tls = tls
+        self.tls_port = tls_port
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
+        self._tls: asyncio.Server | None = None
         self._connections: set[asyncio.StreamWriter] = set()
         # (branch, method) of requests answered lately -> (their last response, expiry)
         self._answered: dict[tuple[str, str], tuple[bytes, Peer, float]] = {}
@@ -88,12 +101,19 @@ class SipEndpoint:
         self.port = int(udp.get_extra_info("sockname")[1])
         self._tcp = await asyncio.start_server(self._tcp_connection, self.host, self.port)
         log.info("SIP listening on %s:%d (UDP and TCP)", self.host, self.port)
+        if self.tls is not None:
+            self._tls = await asyncio.start_server(
+                self._tls_connection, self.host, self.tls_port, ssl=self.tls
+            )
+            self.tls_port = int(self._tls.sockets[0].getsockname()[1])
+            log.info("SIP listening on %s:%d (TLS)", self.host, self.tls_port)
 
     async def close(self) -> None:
         if self._udp is not None:
             self._udp.close()
-        if self._tcp is not None:
-            self._tcp.close()
+        for server in (self._tcp, self._tls):
+            if server is not None:
+                server.close()
         for writer in list(self._connections):
             writer.close()
         for task in list(self._tasks):
@@ -118,7 +138,7 @@ class SipEndpoint:
         self._send_bytes(data, peer)
 
     def _send_bytes(self, data: bytes, peer: Peer) -> None:
-        if peer.transport == "TCP":
+        if peer.transport in ("TCP", "TLS"):
             if peer.writer is not None and not peer.writer.is_closing():
                 peer.writer.write(data)
         elif self._udp is not None:
@@ -201,14 +221,19 @@ class SipEndpoint:
         if len(self._answered) > 64:
             self._answered = {k: v for k, v in self._answered.items() if v[2] > now}
 
-    async def _tcp_connection(
+    async def _tls_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await self._tcp_connection(reader, writer, "TLS")
+
+    async def _tcp_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, transport: str = "TCP"
     ) -> None:
         name = writer.get_extra_info("peername")
         if len(self._connections) >= _MAX_TCP_CONNECTIONS:
             writer.close()
             return
-        peer = Peer("TCP", (str(name[0]), int(name[1])), writer)
+        peer = Peer(transport, (str(name[0]), int(name[1])), writer)
         self._connections.add(writer)
         framer = StreamFramer()
         try:
