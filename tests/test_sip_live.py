@@ -58,6 +58,7 @@ def digest_server() -> Iterator[tuple[Server, int]]:
             "HOTLINE_SIP__PORT": str(port),
             "HOTLINE_SIP__ALLOW": '["127.0.0.1/32"]',
             "HOTLINE_SIP__USERS": '{"pbx": "pbx-digest-secret"}',
+            "HOTLINE_SIP__MIN_SESSION_EXPIRES_S": "1",  # session timers in seconds, for tests
         }
     )
     yield server, port
@@ -377,3 +378,60 @@ async def test_eight_simultaneous_calls_are_all_answered(
     finally:
         for phone in phones:
             phone.stop()
+
+
+def timed_invite(port: int, call: str, expires: int) -> bytes:
+    """An INVITE asking for a session timer of `expires` seconds (RFC 4028)."""
+    message = invite(port, call).decode()
+    head, body = message.split("\r\n\r\n", 1)
+    head += f"\r\nSupported: timer\r\nSession-Expires: {expires}"
+    return f"{head}\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+
+
+def in_dialog(method: str, port: int, call: str, to_tag: str, cseq: int) -> bytes:
+    return (
+        f"{method} sip:hotline@127.0.0.1:{port} SIP/2.0\r\n"
+        f"Via: SIP/2.0/UDP 127.0.0.1:5999;branch=z9hG4bK{call}{method}{cseq};rport\r\n"
+        f"Max-Forwards: 70\r\nFrom: <sip:pbx@127.0.0.1>;tag=b2\r\n"
+        f"To: <sip:{NUMBER}@127.0.0.1>;tag={to_tag}\r\nCall-ID: {call}@pbx\r\n"
+        f"CSeq: {cseq} {method}\r\nContent-Length: 0\r\n\r\n"
+    ).encode()
+
+
+def session_timer_call(port: int) -> tuple[str, str, str]:
+    """A call asking for a 2 s session timer: refreshed once by UPDATE, then left to expire.
+    The 200 OK, the UPDATE's answer, and the request the server sends when it expires."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(10.0)
+        sock.sendto(timed_invite(port, "timer1", 2), ("127.0.0.1", port))
+        while not (ok := sock.recv(65535).decode()).startswith("SIP/2.0 200"):
+            pass
+        to_tag = ok.split("\r\nTo: ", 1)[1].split("\r\n", 1)[0].split("tag=")[1]
+        sock.sendto(in_dialog("ACK", port, "timer1", to_tag, 1), ("127.0.0.1", port))
+        sock.sendto(in_dialog("UPDATE", port, "timer1", to_tag, 2), ("127.0.0.1", port))
+        while not (refreshed := sock.recv(65535).decode()).startswith("SIP/2.0 200"):
+            pass
+        while not (expiry := sock.recv(65535).decode()).startswith("BYE"):
+            pass  # RTP and retransmissions may come first
+        return ok, refreshed, expiry
+
+
+async def test_session_timers(
+    sip_server: tuple[Server, int], digest_server: tuple[Server, int]
+) -> None:
+    server, port = digest_server  # accepts intervals from 1 s
+    ok, refreshed, expiry = await asyncio.to_thread(session_timer_call, port)
+    assert "Session-Expires: 2;refresher=uac" in ok and "Require: timer" in ok
+    assert "Session-Expires: 2;refresher=uac" in refreshed
+    assert expiry.startswith("BYE ")
+    await logged(server, "session expired (no refresh)")
+    # under the server's minimum (90 s): 422 and the minimum
+    _, small_port = sip_server
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(5.0)
+        sock.sendto(timed_invite(small_port, "timer2", 30), ("127.0.0.1", small_port))
+        statuses = [sock.recv(65535).decode() for _ in range(2)]
+    assert statuses[1].startswith("SIP/2.0 422 Session Interval Too Small")
+    assert "Min-SE: 90" in statuses[1]

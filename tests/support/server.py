@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -18,10 +19,22 @@ BARGE_IN_BOUND_MS = 450
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A port free for both TCP and UDP on loopback, outside the kernel's ephemeral range (so
+    that no process binding port 0 meanwhile, e.g. a server's embedded LLM, can take it) and
+    below Hotline's RTP ports (20000 and up)."""
+    for _ in range(200):
+        port = random.randint(10_000, 19_999)
+        try:
+            with (
+                socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp,
+                socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
+            ):
+                tcp.bind(("127.0.0.1", port))
+                udp.bind(("127.0.0.1", port))
+        except OSError:
+            continue
         return port
+    raise RuntimeError("no free port between 10000 and 19999")
 
 
 @dataclass

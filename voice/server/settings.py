@@ -111,6 +111,9 @@ class SipSettings(BaseModel):
     answer_after_ms: int = Field(default=0, ge=0, le=60_000)
     # A call whose RTP stops this long (not on hold) is hung up.
     media_timeout_s: float = 30.0
+    # Session timers (RFC 4028), when the caller asks: the smallest interval accepted (422 and
+    # Min-SE below it); a call not refreshed within its interval is hung up.
+    min_session_expires_s: int = Field(default=90, ge=1)
 
 
 class AgentSettings(BaseModel):

@@ -9,52 +9,31 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import random
 import ssl
-from dataclasses import dataclass, field
 
-from pipeline.tools import Transfer
-from voice.agents.transfer import CallControlError
 from voice.server.call_records import CallsFull
 from voice.server.calls import Switchboard
+from voice.server.routes.sip_calls import InCall, SipCall
 from voice.server.settings import SipSettings
 from voice.transports.sip.dialog import SipDialog, called_user, header_user
 from voice.transports.sip.digest import DigestAuth
-from voice.transports.sip.endpoint import Peer, SipEndpoint, SipError
+from voice.transports.sip.endpoint import Peer, SipEndpoint
 from voice.transports.sip.media import SipMedia
 from voice.transports.sip.message import (
     SipMessage,
     new_tag,
     parse_name_addr,
-    response_to,
 )
-from voice.transports.sip.refer import Refer, ReferFailed, refer_target
-from voice.transports.sip.rtp import G711, RtpSession, open_rtp_session
+from voice.transports.sip.rtp import G711, open_rtp_session
 from voice.transports.sip.sdp import SdpError, answer, choose, parse_sdp
+from voice.transports.sip.timers import IntervalTooSmall, SessionTimer
 
 log = logging.getLogger(__name__)
 
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY, REGISTER"
 _BUSY = {"capacity", "worker_full", "cluster_full"}
 
 
-@dataclass
-class SipCall:
-    """A SIP call from its INVITE to its end."""
-
-    dialog: SipDialog
-    rtp: RtpSession
-    call_id: str  # ours (the switchboard's), not the SIP Call-ID
-    media: SipMedia | None = None
-    answered: bool = False
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
-    bye_received: bool = False
-    session_id: int = field(default_factory=lambda: random.randrange(1, 2**31))
-    version: int = 1
-    refer: Refer | None = None  # a transfer we asked for
-
-
-class SipService:
+class SipService(InCall):
     """The SIP side of one worker: an endpoint on `settings.sip` and the calls it carries."""
 
     def __init__(self, board: Switchboard, settings: SipSettings, default_host: str) -> None:
@@ -145,44 +124,14 @@ class SipService:
             self._cancel(request, peer)
         elif method == "NOTIFY":
             self._notify(request, peer)
+        elif method == "UPDATE":
+            self._update(request, peer)
         elif method == "REGISTER":  # a PBX that registers its trunk: welcome (nothing is bound)
             expires = request.header("Expires") or "3600"
             contacts = [("Contact", c) for c in request.header_values("Contact")]
             self._reply(request, peer, 200, "OK", [*contacts, ("Expires", expires)])
         else:
             self._reply(request, peer, 405, "Method Not Allowed")
-
-    def _reply(
-        self,
-        request: SipMessage,
-        peer: Peer,
-        status: int,
-        reason: str,
-        headers: list[tuple[str, str]] | None = None,
-        *,
-        to_tag: str | None = None,
-        body: bytes = b"",
-    ) -> SipMessage:
-        extra = [("Allow", ALLOW), ("User-Agent", "Hotline"), *(headers or [])]
-        if 100 < status < 300 and request.method == "INVITE":
-            # Dialog-creating answers: proxies that record-route stay in the path (§12.1.1).
-            extra.extend(("Record-Route", r) for r in request.header_values("Record-Route"))
-            extra.append(("Contact", f"<{self.contact(peer.transport)}>"))
-        response = response_to(
-            request,
-            status,
-            reason,
-            to_tag=to_tag,
-            headers=extra,
-            body=body,
-            content_type="application/sdp" if body else None,
-        )
-        self.endpoint.send(response, peer)
-        return response
-
-    def _find(self, request: SipMessage) -> SipCall | None:
-        call = self.calls.get(request.call_id)
-        return call if call is not None and call.dialog.matches(request) else None
 
     # -- INVITE ------------------------------------------------------------------------------
 
@@ -210,6 +159,12 @@ class SipService:
                 "Not Acceptable Here",
                 [("Warning", f'399 hotline "{exc}"')],
             )
+            return
+        try:
+            timer = SessionTimer.asked(request, self.settings.min_session_expires_s)
+        except IntervalTooSmall as small:
+            headers = [("Min-SE", str(small.minimum))]
+            self._reply(request, peer, 422, "Session Interval Too Small", headers)
             return
         caller, callee = header_user(request.header("From")), called_user(request)
         try:
@@ -264,7 +219,11 @@ class SipService:
             session_id=call.session_id,
             version=call.version,
         )
-        ok = self._reply(request, peer, 200, "OK", to_tag=dialog.local_tag, body=sdp.encode())
+        call.timer = timer
+        headers = timer.headers() if timer is not None else []
+        ok = self._reply(
+            request, peer, 200, "OK", headers, to_tag=dialog.local_tag, body=sdp.encode()
+        )
         call.answered = True
         call.media = SipMedia(
             call_id,
@@ -283,113 +242,11 @@ class SipService:
             callee,
             codec.name,
         )
+        if timer is not None:
+            self._spawn(self._watch_session(call, timer))
         if not await dialog.resend_until_acked(self.endpoint, ok):
             log.warning("sip: call %s: no ACK for our answer; hanging up", call_id)
             call.media.hang_up("no ACK")
-
-    def _reinvite(self, call: SipCall, request: SipMessage, peer: Peer) -> None:
-        """Hold, unhold or a media move: the new offer is answered and applied."""
-        try:
-            remote = parse_sdp(request.body)
-            codec, dtmf = choose(remote, [call.rtp.codec.name])
-        except SdpError as exc:
-            self._reply(request, peer, exc.status, "Not Acceptable Here")
-            return
-        if call.media is not None:
-            call.media.held = remote.on_hold
-        if not remote.on_hold:
-            call.rtp.remote = (remote.address, remote.port)
-        call.version += 1
-        sdp = answer(
-            remote,
-            address=self.public,
-            port=call.rtp.local_port,
-            codec=codec,
-            dtmf=dtmf,
-            session_id=call.session_id,
-            version=call.version,
-        )
-        self._reply(request, peer, 200, "OK", to_tag=call.dialog.local_tag, body=sdp.encode())
-        log.info("sip: call %s %s", call.call_id, "on hold" if remote.on_hold else "resumed")
-
-    # -- transfer (REFER, RFC 3515) ----------------------------------------------------------
-
-    def supports(self, transport: str) -> bool:
-        return transport == "sip"
-
-    async def transfer(self, transport: str, call_id: str, action: Transfer) -> str:
-        """Blind transfer: REFER the caller to `action.target`; the final status its NOTIFYs
-        report ("SIP/2.0 200 OK"). CallControlError if the REFER is refused or unanswered, or
-        the caller's side reports that the transfer failed."""
-        call = next((c for c in self.calls.values() if c.call_id == call_id), None)
-        if call is None:
-            raise CallControlError(f"no SIP call {call_id}", provider="sip")
-        target = refer_target(action.target, call.dialog.peer.host)
-        call.refer = Refer(self.endpoint, call.dialog)
-        try:
-            outcome = await call.refer.send(target)
-        except ReferFailed as exc:
-            raise CallControlError(str(exc), provider="sip", status=exc.status) from exc
-        log.info("sip: call %s: REFER to %s: %s", call_id, target, outcome)
-        return outcome
-
-    def _notify(self, request: SipMessage, peer: Peer) -> None:
-        call = self._find(request)
-        if call is None:
-            self._reply(request, peer, 481, "Call/Transaction Does Not Exist")
-            return
-        self._reply(request, peer, 200, "OK")
-        if call.refer is not None:
-            call.refer.notified(request)
-
-    # -- the end -----------------------------------------------------------------------------
-
-    def _bye(self, request: SipMessage, peer: Peer) -> None:
-        call = self._find(request)
-        if call is None:
-            self._reply(request, peer, 481, "Call/Transaction Does Not Exist")
-            return
-        self._reply(request, peer, 200, "OK")
-        call.bye_received = True
-        if call.media is not None:
-            call.media.hang_up("caller hung up (BYE)")
-
-    def _cancel(self, request: SipMessage, peer: Peer) -> None:
-        call = self.calls.get(request.call_id)
-        if call is None or call.answered:
-            self._reply(
-                request,
-                peer,
-                481 if call is None else 200,
-                "OK" if call else "Call/Transaction Does Not Exist",
-            )
-            return
-        self._reply(request, peer, 200, "OK")
-        self._reply(
-            call.dialog.invite,
-            call.dialog.peer,
-            487,
-            "Request Terminated",
-            to_tag=call.dialog.local_tag,
-        )
-        call.cancelled.set()
-
-    def _ended(self, call: SipCall) -> None:
-        """The conversation is over: unless the caller said BYE, we do."""
-        self.calls.pop(call.dialog.call_id, None)
-        if not call.bye_received and not call.dialog.ended:
-            call.dialog.ended = True
-            task = asyncio.create_task(self._send_bye(call))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _send_bye(self, call: SipCall) -> None:
-        bye = call.dialog.request("BYE")
-        try:
-            response = await self.endpoint.request(bye, call.dialog.peer)
-            log.info("sip: call %s: BYE answered %s", call.call_id, response.status)
-        except SipError as exc:
-            log.warning("sip: call %s: BYE: %s", call.call_id, exc)
 
     # -- media callbacks ---------------------------------------------------------------------
 

@@ -1,0 +1,226 @@
+"""Inside an answered SIP call: re-INVITE and UPDATE (hold, unhold, media moves, session
+refreshes), REFER for transfers and its NOTIFYs, CANCEL and BYE from the caller, our BYE when
+the conversation ends. `SipService` (voice/server/routes/sip.py) is the door calls come in by;
+this is what it does with them once in."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.tools import Transfer
+from voice.agents.transfer import CallControlError
+from voice.transports.sip.dialog import SipDialog
+from voice.transports.sip.endpoint import Peer, SipEndpoint, SipError
+from voice.transports.sip.media import SipMedia
+from voice.transports.sip.message import (
+    SipMessage,
+    response_to,
+)
+from voice.transports.sip.refer import Refer, ReferFailed, refer_target
+from voice.transports.sip.rtp import RtpSession
+from voice.transports.sip.sdp import SdpError, answer, choose, parse_sdp
+from voice.transports.sip.timers import SessionTimer
+
+log = logging.getLogger("voice.server.routes.sip")
+
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY, REGISTER, UPDATE"
+
+
+@dataclass
+class SipCall:
+    """A SIP call from its INVITE to its end."""
+
+    dialog: SipDialog
+    rtp: RtpSession
+    call_id: str  # ours (the switchboard's), not the SIP Call-ID
+    media: SipMedia | None = None
+    answered: bool = False
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    bye_received: bool = False
+    session_id: int = field(default_factory=lambda: random.randrange(1, 2**31))
+    version: int = 1
+    refer: Refer | None = None  # a transfer we asked for
+    timer: SessionTimer | None = None  # session timer, when the caller asked for one
+
+
+class InCall:
+    """The in-call half of `SipService`."""
+
+    endpoint: SipEndpoint
+    calls: dict[str, SipCall]  # by SIP Call-ID
+    _tasks: set[asyncio.Task[object]]
+
+    @property
+    def public(self) -> str:
+        raise NotImplementedError
+
+    def contact(self, transport: str) -> str:
+        raise NotImplementedError
+
+    def _reply(
+        self,
+        request: SipMessage,
+        peer: Peer,
+        status: int,
+        reason: str,
+        headers: list[tuple[str, str]] | None = None,
+        *,
+        to_tag: str | None = None,
+        body: bytes = b"",
+    ) -> SipMessage:
+        extra = [("Allow", ALLOW), ("Supported", "timer"), ("User-Agent", "Hotline")]
+        extra.extend(headers or [])
+        if 100 < status < 300 and request.method == "INVITE":
+            # Dialog-creating answers: proxies that record-route stay in the path (§12.1.1).
+            extra.extend(("Record-Route", r) for r in request.header_values("Record-Route"))
+            extra.append(("Contact", f"<{self.contact(peer.transport)}>"))
+        response = response_to(
+            request,
+            status,
+            reason,
+            to_tag=to_tag,
+            headers=extra,
+            body=body,
+            content_type="application/sdp" if body else None,
+        )
+        self.endpoint.send(response, peer)
+        return response
+
+    def _find(self, request: SipMessage) -> SipCall | None:
+        call = self.calls.get(request.call_id)
+        return call if call is not None and call.dialog.matches(request) else None
+
+    async def _watch_session(self, call: SipCall, timer: SessionTimer) -> None:
+        await timer.expired()
+        if call.media is not None and call.dialog.call_id in self.calls:
+            log.warning("sip: call %s: session expired (no refresh)", call.call_id)
+            call.media.hang_up("session expired")
+
+    def _update(self, request: SipMessage, peer: Peer) -> None:
+        """UPDATE: a session refresh (RFC 4028), or a new offer like a re-INVITE's."""
+        call = self._find(request)
+        if call is None:
+            self._reply(request, peer, 481, "Call/Transaction Does Not Exist")
+        elif request.body:
+            self._reinvite(call, request, peer)
+        else:
+            if call.timer is not None:
+                call.timer.refresh()
+            headers = call.timer.headers() if call.timer is not None else []
+            self._reply(request, peer, 200, "OK", headers, to_tag=call.dialog.local_tag)
+
+    def _reinvite(self, call: SipCall, request: SipMessage, peer: Peer) -> None:
+        """Hold, unhold or a media move: the new offer is answered and applied."""
+        try:
+            remote = parse_sdp(request.body)
+            codec, dtmf = choose(remote, [call.rtp.codec.name])
+        except SdpError as exc:
+            self._reply(request, peer, exc.status, "Not Acceptable Here")
+            return
+        if call.timer is not None:
+            call.timer.refresh()
+        if call.media is not None:
+            call.media.held = remote.on_hold
+        if not remote.on_hold:
+            call.rtp.remote = (remote.address, remote.port)
+        call.version += 1
+        sdp = answer(
+            remote,
+            address=self.public,
+            port=call.rtp.local_port,
+            codec=codec,
+            dtmf=dtmf,
+            session_id=call.session_id,
+            version=call.version,
+        )
+        headers = call.timer.headers() if call.timer is not None else []
+        body = sdp.encode()
+        self._reply(request, peer, 200, "OK", headers, to_tag=call.dialog.local_tag, body=body)
+        log.info("sip: call %s %s", call.call_id, "on hold" if remote.on_hold else "resumed")
+
+    # -- transfer (REFER, RFC 3515) ----------------------------------------------------------
+
+    def supports(self, transport: str) -> bool:
+        return transport == "sip"
+
+    async def transfer(self, transport: str, call_id: str, action: Transfer) -> str:
+        """Blind transfer: REFER the caller to `action.target`; the final status its NOTIFYs
+        report ("SIP/2.0 200 OK"). CallControlError if the REFER is refused or unanswered, or
+        the caller's side reports that the transfer failed."""
+        call = next((c for c in self.calls.values() if c.call_id == call_id), None)
+        if call is None:
+            raise CallControlError(f"no SIP call {call_id}", provider="sip")
+        target = refer_target(action.target, call.dialog.peer.host)
+        call.refer = Refer(self.endpoint, call.dialog)
+        try:
+            outcome = await call.refer.send(target)
+        except ReferFailed as exc:
+            raise CallControlError(str(exc), provider="sip", status=exc.status) from exc
+        log.info("sip: call %s: REFER to %s: %s", call_id, target, outcome)
+        return outcome
+
+    def _notify(self, request: SipMessage, peer: Peer) -> None:
+        call = self._find(request)
+        if call is None:
+            self._reply(request, peer, 481, "Call/Transaction Does Not Exist")
+            return
+        self._reply(request, peer, 200, "OK")
+        if call.refer is not None:
+            call.refer.notified(request)
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def _bye(self, request: SipMessage, peer: Peer) -> None:
+        call = self._find(request)
+        if call is None:
+            self._reply(request, peer, 481, "Call/Transaction Does Not Exist")
+            return
+        self._reply(request, peer, 200, "OK")
+        call.bye_received = True
+        if call.media is not None:
+            call.media.hang_up("caller hung up (BYE)")
+
+    def _cancel(self, request: SipMessage, peer: Peer) -> None:
+        call = self.calls.get(request.call_id)
+        if call is None or call.answered:
+            self._reply(
+                request,
+                peer,
+                481 if call is None else 200,
+                "OK" if call else "Call/Transaction Does Not Exist",
+            )
+            return
+        self._reply(request, peer, 200, "OK")
+        self._reply(
+            call.dialog.invite,
+            call.dialog.peer,
+            487,
+            "Request Terminated",
+            to_tag=call.dialog.local_tag,
+        )
+        call.cancelled.set()
+
+    def _ended(self, call: SipCall) -> None:
+        """The conversation is over: unless the caller said BYE, we do."""
+        self.calls.pop(call.dialog.call_id, None)
+        if not call.bye_received and not call.dialog.ended:
+            call.dialog.ended = True
+            self._spawn(self._send_bye(call))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_bye(self, call: SipCall) -> None:
+        bye = call.dialog.request("BYE")
+        try:
+            response = await self.endpoint.request(bye, call.dialog.peer)
+            log.info("sip: call %s: BYE answered %s", call.call_id, response.status)
+        except SipError as exc:
+            log.warning("sip: call %s: BYE: %s", call.call_id, exc)
