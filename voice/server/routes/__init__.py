@@ -1,6 +1,8 @@
 """The server's routes, one module per API area (each an `APIRouter` that `create_app`
 includes): ops (softphone page, health, metrics, drain), webrtc, phone (provider webhooks and
-media streams), calls, experiments. Also what they share: the process's switchboard."""
+media streams), calls, recordings, console, experiments; and sip (+ sip_calls), where SIP
+calls come in (not HTTP: a service the lifespan starts). Also what they share: the process's
+switchboard."""
 
 from __future__ import annotations
 
