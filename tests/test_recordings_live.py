@@ -12,18 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import av
 import httpx
-import numpy as np
 import pytest
 
 from pipeline.stt import SpeechToText
 from pipeline.transport import PCM, SAMPLE_RATE
+from tests.support.recordings import channels
 from tests.support.redis_server import RedisServer
 from tests.support.s3 import ACCESS_KEY_ID, BUCKET, SECRET, bucket_client, fake_s3
 from tests.support.server import Server, start_server, stop_server
 from tests.support.speech import concat, piper, silence
-from voice.audio import resample
 from voice.devtools.twilio_call import place_twilio_call
 
 pytestmark = pytest.mark.slow
@@ -107,19 +105,6 @@ def until(check: Any, within_s: float = 20.0) -> Any:
     return found
 
 
-def channels(ogg: bytes, path: Path) -> tuple[PCM, PCM]:
-    """Left and right of an Ogg/Opus recording, at 16 kHz."""
-    path.write_bytes(ogg)
-    with av.open(str(path)) as container:
-        stream = container.streams.audio[0]
-        assert stream.codec_context.name == "opus" and stream.codec_context.channels == 2
-        planar = np.concatenate([f.to_ndarray() for f in container.decode(stream)], axis=1)
-    rate = stream.codec_context.sample_rate
-    sides = [(np.clip(planar[i], -1, 1) * 32767).astype(np.int16) for i in range(2)]
-    left, right = (resample(side, rate, SAMPLE_RATE) for side in sides)
-    return left, right
-
-
 def words(pcm: PCM) -> set[str]:
     text = SpeechToText.shared().transcribe_blocking(pcm).text
     return set(re.findall(r"[a-z]+", text.lower()))
@@ -146,7 +131,7 @@ async def test_a_call_is_recorded_in_stereo_and_served_by_any_worker(
     served = api(b, recording["url"])
     assert served.status_code == 200 and served.headers["content-type"] == "audio/ogg"
     assert served.content == on_a.read_bytes()
-    left, right = channels(served.content, tmp_path / "call.ogg")
+    left, right = channels(served.content)
     assert abs(left.size / SAMPLE_RATE - recording["duration_s"]) < 0.5
     # left: what the caller said; right: what the caller heard (greeting, then the reply)
     said, heard = words(left), words(right)
@@ -182,7 +167,7 @@ async def test_announce_says_the_notice_then_records(
         {"role": "assistant", "content": GREETING},
     ]
     url = detail["recording"]["url"]
-    left, right = channels(api(a, url).content, tmp_path / "announced.ogg")
+    left, right = channels(api(a, url).content)
     # ... and the recording began after it: the greeting is in it, the notice is not
     heard = words(right)
     assert {"welcome", "garden"} & heard, heard

@@ -19,6 +19,7 @@ import websockets
 from pipeline.stt import SpeechToText
 from pipeline.transport import PCM, SAMPLE_RATE
 from tests.support.baresip import Baresip, baresip_installed
+from tests.support.recordings import channels
 from tests.support.server import Server, free_port, logged, start_server, stop_server
 from tests.support.speech import concat, piper, silence
 from voice.audio import read_wav
@@ -130,6 +131,13 @@ async def test_a_call_hears_the_greeting_gets_an_answer_and_ends_with_the_caller
     heard = read_wav(heard_path, rate=SAMPLE_RATE)
     assert {"garden", "calling", "thank"} & words(heard[: 4 * SAMPLE_RATE])
     assert {"table", "book"} & words(heard[4 * SAMPLE_RATE :])
+    # recorded like every call: the caller on the left, what the softphone heard on the right
+    recorded = await until(server, call_id, lambda d: d.get("recording"))
+    async with httpx.AsyncClient() as client:
+        ogg = (await client.get(server.url + recorded["recording"]["url"])).content
+    left, right = channels(ogg)
+    assert {"table", "book"} & words(left)
+    assert {"garden", "calling", "thank"} & words(right)
 
 
 async def test_keys_reach_the_call_and_a_hang_up_from_the_server_sends_bye(
