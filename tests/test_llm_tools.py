@@ -291,13 +291,14 @@ async def test_an_attempt_that_only_calls_a_tool_settles_at_the_first_fragment()
 
 @pytest.mark.parametrize("api", APIS)
 async def test_a_request_that_only_calls_a_tool_wins_without_a_hedge(api: Api) -> None:
-    # The router expects the fast tier's first token by ~150 ms, then hedges to standard; the
-    # tier sends the call's first fragment within a few ms, then its arguments at 10 tokens a
-    # second (a second or more): only that first fragment can beat the hedge.
-    fast = FAST.model_copy(update={"efforts": ("none",), "prior_ttft_ms": 150})
-    standard = STANDARD.model_copy(update={"prior_ttft_ms": 500})
-    slow_arguments = FAST_PROFILE.model_copy(update={"tokens_per_s": 10})
-    stalled = STANDARD_PROFILE.model_copy(update={"ttft_ms": 3000})
+    # The router expects the fast tier's first token by ~1.2 s, then hedges to standard; the
+    # tier sends the call's first fragment within a few ms, then its arguments at 4 tokens a
+    # second (3 s or so): only that first fragment can beat the hedge. (With the hedge due at
+    # ~200 ms, a loaded 2-core CI runner twice read the Responses stream's first events late.)
+    fast = FAST.model_copy(update={"efforts": ("none",), "prior_ttft_ms": 1000})
+    standard = STANDARD.model_copy(update={"prior_ttft_ms": 2500})
+    slow_arguments = FAST_PROFILE.model_copy(update={"tokens_per_s": 4})
+    stalled = STANDARD_PROFILE.model_copy(update={"ttft_ms": 6000})
     profiles = {"fast": slow_arguments, "standard": stalled}
     async with rig_for(
         tiers=[fast, standard], profiles=profiles, llm={"api": api}, hedge=True
@@ -309,7 +310,7 @@ async def test_a_request_that_only_calls_a_tool_wins_without_a_hedge(api: Api) -
         plan = reply.plan
         assert (plan.tier, plan.effort) == ("fast", "none")
         assert plan.hedge is not None and plan.hedge.tier == "standard"
-        assert plan.first_token_deadline_ms < 1000  # the hedge is due before the arguments end
+        assert plan.first_token_deadline_ms < 2500  # the hedge is due before the arguments end
 
         assert await speak(reply) == ""
 
