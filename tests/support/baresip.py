@@ -22,6 +22,10 @@ from voice.audio import resample, write_wav
 MODULES = Path("/usr/lib/baresip/modules")
 
 
+class PortTaken(Exception):
+    """One of baresip's ports was taken between choosing it and binding it."""
+
+
 def baresip_installed() -> bool:
     return shutil.which("baresip") is not None and MODULES.is_dir()
 
@@ -43,6 +47,18 @@ class Baresip:
     _changed: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
     def start(self) -> None:
+        """Start baresip; on a port taken meanwhile (another test process), on fresh ports."""
+        for _ in range(3):
+            try:
+                self._start()
+                return
+            except PortTaken:
+                self.stop()
+                self.log.clear()
+                self.control_port, self.sip_port = free_port(), free_port()
+        raise RuntimeError("baresip found no free port in three tries")
+
+    def _start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         dumps = self.directory / "dumps"
         dumps.mkdir(exist_ok=True)
@@ -106,6 +122,8 @@ class Baresip:
             ):
                 return
             if time.monotonic() > deadline or self.process.poll() is not None:
+                if self.process.poll() is not None and self.logged("Address already in use"):
+                    raise PortTaken
                 raise RuntimeError("baresip did not start:\n" + "\n".join(self.log[-30:]))
             time.sleep(0.05)
 

@@ -18,12 +18,17 @@ from dataclasses import dataclass, field
 BARGE_IN_BOUND_MS = 450
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
     """A port free for both TCP and UDP on loopback, outside the kernel's ephemeral range (so
     that no process binding port 0 meanwhile, e.g. a server's embedded LLM, can take it) and
     below Hotline's RTP ports (20000 and up)."""
     for _ in range(200):
         port = random.randint(10_000, 19_999)
+        if port in _handed_out:
+            continue
         try:
             with (
                 socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp,
@@ -33,6 +38,7 @@ def free_port() -> int:
                 udp.bind(("127.0.0.1", port))
         except OSError:
             continue
+        _handed_out.add(port)  # never twice from this process: it may not be bound yet
         return port
     raise RuntimeError("no free port between 10000 and 19999")
 
@@ -45,7 +51,21 @@ class Server:
 
 
 def start_server(extra_env: dict[str, str] | None = None, timeout_s: float = 120) -> Server:
-    """Run `hotline serve` in a subprocess and return once it accepts requests."""
+    """Run `hotline serve` in a subprocess and return once it accepts requests (on another
+    port if the one chosen was taken meanwhile by another test process)."""
+    for _ in range(2):
+        try:
+            return _start_server(extra_env, timeout_s)
+        except PortTaken:
+            continue
+    return _start_server(extra_env, timeout_s)
+
+
+class PortTaken(RuntimeError):
+    """The server's port was taken between choosing it and binding it."""
+
+
+def _start_server(extra_env: dict[str, str] | None, timeout_s: float) -> Server:
     port = free_port()
     env = {
         **os.environ,
@@ -78,6 +98,8 @@ def start_server(extra_env: dict[str, str] | None = None, timeout_s: float = 120
     ready.wait(timeout_s)
     if process.poll() is not None or not any(listening in line for line in server.log):
         process.kill()
+        if any(f"('127.0.0.1', {port}): address already in use" in line for line in server.log):
+            raise PortTaken(f"port {port} was taken")
         raise RuntimeError("hotline serve did not start:\n" + "\n".join(server.log[-40:]))
     return server
 
