@@ -315,16 +315,7 @@ class TwilioPhone:
 
     async def hear(self, predicate: FrameTest, within_s: float) -> float | None:
         """Wait for `predicate` over the played frames; None on timeout or hang-up."""
-        if self.hung_up.is_set():
-            return predicate(self.ear.frames)
-        waiting = asyncio.ensure_future(self.ear.wait_for(predicate, within_s))
-        ended = asyncio.ensure_future(self.hung_up.wait())
-        await asyncio.wait({waiting, ended}, return_when=asyncio.FIRST_COMPLETED)
-        ended.cancel()
-        if waiting.done():
-            return waiting.result()
-        waiting.cancel()
-        return predicate(self.ear.frames)
+        return await self.ear.wait_or_hang_up(predicate, within_s, self.hung_up)
 
     def result(self, turns: list[CallerTurn], barge_in: bool) -> PhoneCallResult:
         result = PhoneCallResult(

@@ -120,6 +120,21 @@ class Ear:
             except TimeoutError:
                 return None
 
+    async def wait_or_hang_up(
+        self, predicate: FrameTest, within_s: float, hung_up: asyncio.Event
+    ) -> float | None:
+        """`wait_for`, cut short when the line hangs up (then the frames as they are)."""
+        if hung_up.is_set():
+            return predicate(self.frames)
+        waiting = asyncio.ensure_future(self.wait_for(predicate, within_s))
+        ended = asyncio.ensure_future(hung_up.wait())
+        await asyncio.wait({waiting, ended}, return_when=asyncio.FIRST_COMPLETED)
+        ended.cancel()
+        if waiting.done():
+            return waiting.result()
+        waiting.cancel()
+        return predicate(self.frames)
+
 
 def first_audible_after(t: float) -> FrameTest:
     def find(frames: list[tuple[float, bool]]) -> float | None:
