@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import textwrap
+import time
 
 import pytest
 
@@ -378,3 +379,27 @@ def test_fuzzed_offers_only_raise_sdp_error() -> None:
         answer(remote, address="192.0.2.10", port=4000, codec=codec, dtmf=dtmf, session_id=1,
                version=1)  # fmt: skip
     assert parsed > 100
+
+
+def _parse_seconds(offer: str) -> float:
+    """The fastest of several parses of `offer` (it is refused): noise only ever adds time."""
+    best = float("inf")
+    for _ in range(7):
+        started = time.perf_counter()
+        with pytest.raises(SdpError):
+            parse_sdp(offer)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def test_a_pathological_host_name_costs_linear_time() -> None:
+    """`c=IN IP4 aaaa…!` (letters, then one character no host has): four times the letters
+    cost about four times as much, not sixteen (the old host check backtracked quadratically:
+    0.8 s of the event loop at 16 KB)."""
+
+    def offer(letters: int) -> str:
+        return ASTERISK.replace("c=IN IP4 192.0.2.2\r\n", f"c=IN IP4 {'a' * letters}!\r\n")
+
+    assert "c=IN IP4 aaaa!" in offer(4)
+    small, large = _parse_seconds(offer(2_000)), _parse_seconds(offer(8_000))
+    assert large < 8 * small, f"{small * 1e6:.0f} µs at 2 000 letters, {large * 1e6:.0f} at 8 000"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-import re
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -15,8 +15,8 @@ from fastapi.responses import JSONResponse
 log = logging.getLogger(__name__)
 
 MAX_JSON_DEPTH = 64  # far beyond any body we accept, far below the parser's recursion limit
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_QUOTE, _BACKSLASH = b'"\\'
+_OPENERS, _CLOSERS = tuple(b"[{"), tuple(b"]}")
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -55,20 +55,53 @@ async def read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+@dataclass(frozen=True)
+class Nesting:
+    """What one pass over a JSON body found: how deeply its arrays and objects nest (as far as
+    it looked), and how many bytes it looked at (never more than the body's length)."""
+
+    depth: int
+    examined: int
+
+
+def json_nesting(body: bytes, stop_beyond: int | None = None) -> Nesting:
+    """How deeply `body`'s arrays and objects nest, in one pass over its bytes: a small state
+    machine (in a string or not, after a backslash or not) looks at each byte once and never
+    back, so a body costs its length whatever it holds (an unclosed string, a run of escaped
+    quotes, brackets inside strings). With `stop_beyond`, it stops at the first byte that
+    nests deeper. Malformed JSON is the parser's to refuse; this only bounds its recursion."""
+    in_string = escaped = False
+    depth = deepest = 0
+    for index, byte in enumerate(body):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == _BACKSLASH:
+                escaped = True
+            elif byte == _QUOTE:
+                in_string = False
+        elif byte == _QUOTE:
+            in_string = True
+        elif byte in _OPENERS:
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if stop_beyond is not None and deepest > stop_beyond:
+                    return Nesting(deepest, index + 1)
+        elif byte in _CLOSERS:
+            depth -= 1
+    return Nesting(deepest, len(body))
+
+
 def json_depth(body: bytes) -> int:
     """How deeply `body`'s arrays and objects nest (brackets inside strings do not count)."""
-    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
-    depth = deepest = 0
-    for byte in brackets:
-        depth += 1 if byte in b"[{" else -1
-        deepest = max(deepest, depth)
-    return deepest
+    return json_nesting(body).depth
 
 
 async def read_json_body(request: Request, limit: int) -> dict[str, Any]:
     """The request body as a JSON object (400 or 413 otherwise)."""
     body = await read_body(request, limit)
-    if json_depth(body) > MAX_JSON_DEPTH:
+    if json_nesting(body, stop_beyond=MAX_JSON_DEPTH).depth > MAX_JSON_DEPTH:
         raise APIError(400, f"body nests JSON deeper than {MAX_JSON_DEPTH} levels")
     try:
         data = json.loads(body)

@@ -44,7 +44,9 @@ STATIC_PAYLOAD_TYPES = {
     17: ("DVI4", 22050),
     18: ("G729", 8000),
 }
-_HOST = re.compile(r"[A-Za-z0-9\-.]*[A-Za-z][A-Za-z0-9\-.]*")  # a domain name, not an address
+# A domain name, not an address: a letter somewhere. Linear with fullmatch (the look-ahead runs
+# once, from the start); `[…]*[A-Za-z][…]*` backtracked quadratically on "aaaa…!".
+_HOST = re.compile(r"(?=[0-9.\-]*[A-Za-z])[A-Za-z0-9.\-]+")
 _RTPMAP = re.compile(r"([0-9]{1,3})[ \t]+([A-Za-z0-9\-_.]{1,32})/([0-9]{1,6})(?:/[0-9]{1,2})?")
 _NUMBER = re.compile(r"[0-9]{1,5}")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
