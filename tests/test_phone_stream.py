@@ -1,21 +1,31 @@
 """The phone transport: against a client that stops reading, and what it sends.
 
 A real socket only blocks a sender once the kernel's buffers on both sides are full, which on
-loopback takes minutes of audio; the socket here is a stand-in whose sends never complete,
-which is what the server sees at that point.
+loopback takes minutes of audio; the first test's socket is a stand-in whose sends never
+complete, which is what the server sees at that point. Long before that, a client that stopped
+reading has not echoed a mark: the last test shows it over real sockets
+(tests/support/media_line.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import socket
+import time
 from typing import Any, cast
 
 import numpy as np
+import pytest
 from starlette.websockets import WebSocket
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 from pipeline.transport import HangUp
+from tests.support.media_line import Ended, MediaLine
+from tests.support.providers import TelnyxWire, TwilioWire, VonageWire, Wire
 from voice.audio import mulaw_decode, rms
 from voice.transports.phone.stream import PhoneStream
 from voice.transports.phone.twilio import TwilioProtocol
@@ -92,3 +102,106 @@ async def test_each_sentence_goes_out_whole_and_opens_with_its_own_audio() -> No
     assert len(frames) == 25  # 300 ms, then 200 ms, in 20 ms frames
     assert loud == [True] * 10 + [False] * 5 + [True] * 10
     await stream.close()
+
+
+# -- over a real socket ------------------------------------------------------------------------
+
+PING_S = 4.0  # the server's websocket ping interval, and its pong timeout
+ECHO_TIMEOUT_S = 1.0  # the stream's send timeout: how late a mark's echo may be
+
+
+def noise(samples: int) -> np.ndarray:
+    return np.random.default_rng(5).normal(0, 1000, samples).astype(np.int16)
+
+
+class ProviderClient:
+    """A provider's side: the opening, then 20 ms of caller audio every 20 ms of its own clock
+    for `run_s` (or until the server has hung up), then its hang-up. `reads`: whether it reads
+    what the server sends (and echoes each mark, as a provider does once the phone played it);
+    if not, it never reads a byte, on a socket with a small receive buffer."""
+
+    def __init__(self, wire: Wire, reads: bool, run_s: float) -> None:
+        self.wire, self.reads, self.run_s = wire, reads, run_s
+        self.echoed: list[str] = []
+
+    async def run(self, url: str, ended: asyncio.Future[Ended]) -> None:
+        host, port = url.split("//")[1].split("/")[0].split(":")
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if not self.reads:
+            raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(raw, (host, int(port)))
+        queue = 16 if self.reads else 1  # not reading: the client's library stops at once too
+        async with connect(
+            url, sock=raw, compression=None, max_queue=queue, close_timeout=ECHO_TIMEOUT_S
+        ) as sock:
+            for message in self.wire.opening():
+                await sock.send(message)
+            reading = asyncio.create_task(self._read(sock)) if self.reads else None
+            start = time.monotonic()
+            with contextlib.suppress(ConnectionClosed):
+                for n in range(round(self.run_s / 0.02)):
+                    if ended.done():
+                        break
+                    delay = start + n * 0.02 - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)  # the phone's clock, not a wait for the server
+                    await sock.send(self.wire.media(noise(self.wire.frame_samples)))
+                stop = self.wire.hang_up()
+                if stop is not None:
+                    await sock.send(stop)
+            if reading is not None:
+                reading.cancel()
+
+    async def _read(self, sock: ClientConnection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            async for raw in sock:
+                heard = self.wire.read(raw, time.monotonic())
+                if heard.kind == "mark":
+                    await sock.send(self.wire.echo(heard.name))
+                    self.echoed.append(heard.name)
+
+
+@pytest.mark.slow
+async def test_a_client_that_stops_reading_is_hung_up_long_before_the_ping_timeout() -> None:
+    """Half a second of reply, then its mark: a client that never reads never echoes it, and is
+    hung up `ECHO_TIMEOUT_S` after the reply should have played; the server's buffers would
+    have taken it all, and the websocket ping (PING_S, then PING_S for the pong) came later.
+    A client that reads and echoes is not hung up."""
+    line = MediaLine(
+        idle_s=None,
+        send_timeout_s=ECHO_TIMEOUT_S,
+        reply=tone(500),
+        ping_interval_s=PING_S,
+        ping_timeout_s=PING_S,
+    )
+    deaf = [
+        ProviderClient(wire(), False, 4 * PING_S) for wire in (TwilioWire, TelnyxWire, VonageWire)
+    ]
+    hearing = [
+        ProviderClient(wire(), True, 3 * ECHO_TIMEOUT_S) for wire in (TwilioWire, VonageWire)
+    ]
+    clients = deaf + hearing
+    async with line.serving():
+        ends = [line.ended(c.wire.call_id) for c in clients]
+        running = [
+            asyncio.create_task(c.run(line.base + c.wire.route, end))
+            for c, end in zip(clients, ends, strict=True)
+        ]
+        async with asyncio.timeout(3 * PING_S):  # past the ping timeout: the old behaviour fails
+            ended = await asyncio.gather(*ends)
+            await asyncio.gather(*running)
+    reasons = {
+        f"{c.wire.transport} reads={c.reads}": e.reason for c, e in zip(clients, ended, strict=True)
+    }
+    assert reasons == {
+        "twilio reads=False": "client stopped reading",
+        "telnyx reads=False": "client stopped reading",
+        "vonage reads=False": "client stopped reading",
+        "twilio reads=True": "stop: stream stopped",
+        "vonage reads=True": "socket closed",  # Vonage has no stop message: the socket closes
+    }
+    for client, end in zip(deaf, ended[: len(deaf)], strict=True):
+        took = end.at - line.started[client.wire.call_id]
+        assert took < PING_S, took  # before the first ping went out, let alone its timeout
+    assert all(client.echoed == ["hotline-1"] for client in hearing)

@@ -31,13 +31,18 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from pipeline.llm.client import ChatMessage
+from pipeline.records import TurnRecord
 from tests.support.redis_server import RedisServer
 from tests.support.server import free_port
 from voice.agents.http_tools import verify
-from voice.cluster.records import RegistrySettings, RegistryUnavailable
+from voice.cluster.records import RegistrySettings, RegistryUnavailable, WorkerInfo
+from voice.cluster.registry import CallRegistry
 from voice.cluster.store import connect
 from voice.cluster.webhook_store import MAX_BODY_BYTES, delivery_key, due_key, json_body
 from voice.cluster.webhooks import WebhookOutbox, WebhookSettings
+from voice.server.after_call import AfterCall, fitted
+from voice.server.call_records import CallRecord
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -476,3 +481,117 @@ async def test_an_idle_loop_does_not_spin(start: Start, receiver: Receiver) -> N
     after = int((await stats.info("stats"))["total_commands_processed"])
     assert after - before < 30, after - before  # a spinning loop would make thousands
     assert len(receiver.received) == 1
+
+
+# -- a long call's document ----------------------------------------------------------------------
+
+
+def long_call(turns: int, words: int) -> CallRecord:
+    """An ended call of `turns` turns, each of `words` words each way."""
+    records = [
+        TurnRecord(
+            turn=n,
+            caller_text=f"caller turn {n}: " + "word " * words,
+            reply_text=f"reply turn {n}: " + "answer " * words,
+            generated_text=f"reply turn {n}: " + "answer " * words,
+            interrupted=False,
+            effort=None,
+            service_tier_requested=None,
+            service_tier_served=None,
+            reason="test",
+            timings_ms={"first_audio": 600.0},
+        )
+        for n in range(1, turns + 1)
+    ]
+    history = [
+        ChatMessage(role, f"{role} turn {n}: " + "said " * words)
+        for n in range(1, turns + 1)
+        for role in ("user", "assistant")
+    ]
+    return CallRecord(
+        call_id=f"CA{uuid.uuid4().hex}",
+        transport="twilio",
+        caller="+15551230000",
+        callee="+15559870000",
+        started_at=time.time() - 3600,
+        ended_at=time.time(),
+        wants_human=False,
+        experiment=None,
+        arm=None,
+        end_reason="stop: stream stopped",
+        records=tuple(records),
+        history=tuple(history),
+    )
+
+
+@pytest.fixture
+async def sessions(redis_server: RedisServer) -> AsyncIterator[CallRegistry]:
+    settings = RegistrySettings(redis_url=redis_server.url, key_prefix=f"t-{uuid.uuid4().hex[:8]}")
+    registry = await CallRegistry.open(settings, WorkerInfo("a"))
+    yield registry
+    await registry.close()
+
+
+async def test_a_long_calls_document_goes_truncated_signed_and_links_the_whole(
+    start: Start, receiver: Receiver, sessions: CallRegistry
+) -> None:
+    a = await start("a")
+    after = AfterCall(sessions, None, a.outbox, public_url="https://voice.example.com/")
+    record = long_call(turns=600, words=100)  # about 2 MB
+    whole: dict[str, Any] = {"event": "call.ended", "call": record.detail(), "recording": None}
+    assert len(json_body(whole)) > 2 * MAX_BODY_BYTES
+    await after.finish(record)
+    await receiver.wait_for(lambda: len(receiver.received) == 1)
+
+    [got] = receiver.received
+    assert got.signed and got.call_id == record.call_id and got.event == "call.ended"
+    assert got.delivery_id == after.webhook_deliveries[record.call_id]
+    assert 0.9 * MAX_BODY_BYTES < len(got.body) <= MAX_BODY_BYTES  # cut to fit, not far below
+    document = json.loads(got.body)
+    truncation = document.pop("truncation")
+    assert document.pop("truncated") is True
+    assert truncation["url"] == f"https://voice.example.com/calls/{record.call_id}"
+    assert (truncation["bytes"], truncation["limit"]) == (len(json_body(whole)), MAX_BODY_BYTES)
+    # Turns left out of the middle: the first and the last kept, counted, the gap placed.
+    records = document["call"]["records"]
+    cut = truncation["records"]
+    assert cut["kept"] == len(records) and cut["kept"] + cut["left_out"] == 600
+    assert 0 < cut["after"] < len(records)
+    head, tail = records[: cut["after"]], records[cut["after"] :]
+    assert [r["turn"] for r in head] == list(range(1, len(head) + 1))
+    assert [r["turn"] for r in tail] == list(range(601 - len(tail), 601))
+    history = document["call"]["history"]
+    cut = truncation["history"]
+    assert cut["kept"] == len(history) and cut["kept"] + cut["left_out"] == 1200
+    assert history[0]["content"].startswith("user turn 1:")
+    assert history[-1]["content"].startswith("assistant turn 600:")
+    # Everything else is as it was.
+    for name in ("records", "history"):
+        del document["call"][name], whole["call"][name]
+    assert document == whole
+
+
+async def test_a_short_calls_document_goes_whole(
+    start: Start, receiver: Receiver, sessions: CallRegistry
+) -> None:
+    a = await start("a")
+    after = AfterCall(sessions, None, a.outbox)
+    record = long_call(turns=3, words=5)
+    await after.finish(record)
+    await receiver.wait_for(lambda: len(receiver.received) == 1)
+    document = json.loads(receiver.received[0].body)
+    assert document == {"event": "call.ended", "call": record.detail(), "recording": None}
+    assert "truncated" not in document
+
+
+def test_fitting_keeps_both_ends_of_each_list_and_never_passes_the_limit() -> None:
+    document = {"event": "call.ended", "call": long_call(turns=50, words=20).detail()}
+    size = len(json_body(document))
+    assert fitted(document, size, "/calls/x") is document  # it fits: the same document
+    for limit in (size - 1, size // 2, size // 10, 2_000):
+        cut = fitted(document, limit, "/calls/x")
+        assert len(json_body(cut)) <= limit
+        for name, count in (("records", 50), ("history", 100)):
+            kept, left_out = cut["truncation"][name]["kept"], cut["truncation"][name]["left_out"]
+            assert kept == len(cut["call"][name]) and kept + left_out == count
+            assert left_out > 0 or limit == size - 1

@@ -7,6 +7,11 @@ none of it waits for the next), real-time pacing of reply audio (never more than
 of playback, so that a `clear` silences the phone at once) and the played position: a mark
 after each sentence, echoed by the provider when the phone has played it, says exactly how much
 of the reply the caller heard.
+
+A client that stops reading is hung up ("client stopped reading") once a mark is `send_timeout_s`
+overdue (not echoed that long after its audio should have played) or a send has been blocked
+that long. The echo is the test: a socket's buffers (the kernel's on both sides, asyncio's) take
+half a minute of audio or more before a send blocks, and the websocket ping comes later still.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from pipeline.transport import (
     until_hang_up,
 )
 from voice.audio import StreamResampler, resample
+from voice.transports.activity import LineActivity
+from voice.transports.phone.opening import BadMessages, receive, wait_for_start
 from voice.transports.phone.wire import Dtmf as WireDtmf
 from voice.transports.phone.wire import (
     Ignored,
@@ -47,12 +54,14 @@ from voice.transports.phone.wire import (
 )
 from voice.transports.positions import PositionWaiters
 
+__all__ = ["BadMessages", "PhoneStream", "ProtocolFactory", "pump", "receive", "wait_for_start"]
+
 log = logging.getLogger(__name__)
 
 _FRAME_S = 0.02
-_MAX_BAD_MESSAGES = 200  # a socket that sends more unusable messages than this is closed
-# A send that cannot complete this long means the client stopped reading (its buffers are
-# full): it is hung up rather than left to hold the line and the reply's memory.
+# A mark not echoed this long after its audio should have played, or a send that cannot
+# complete this long, means the client stopped reading: it is hung up rather than left to hold
+# the line and the reply's memory.
 SEND_TIMEOUT_S = 5.0
 
 
@@ -102,7 +111,8 @@ class PhoneStream:
         self._queued = 0
         self._sent = 0
         self._played = 0
-        self._pending_marks: dict[str, int] = {}  # sent, not yet echoed
+        self._pending_marks: dict[str, int] = {}  # sent, not yet echoed: name -> position
+        self._echo_checks: dict[str, asyncio.TimerHandle] = {}  # one per pending mark
         self._mark_count = 0
         # Real-time schedule of sent frames: frame n of a burst plays at burst_start + n * 20 ms.
         self._burst_start = 0.0
@@ -111,8 +121,9 @@ class PhoneStream:
         self._sent_waiters = PositionWaiters()
         self._played_waiters = PositionWaiters()
         self._closed = False
+        self._stopped_reading = False
         self.taps = Taps()
-        self.last_audio_at = time.monotonic()  # when caller audio last came in
+        self.activity = LineActivity(time.monotonic())  # for the media idle timeout
         self._sender = asyncio.create_task(self._send_loop(), name=f"send-{call_id}")
 
     # -- inbound (driven by `pump`) -----------------------------------------------------------
@@ -121,10 +132,10 @@ class PhoneStream:
         """Hand parsed wire events to the conversation."""
         for event in events:
             if isinstance(event, Media):
-                self.last_audio_at = time.monotonic()
+                now = time.monotonic()
+                self.activity.caller_audio(event.pcm, self.protocol.wire_rate, now)
                 pcm = self._to_pipeline(event.pcm)
                 if pcm.size:
-                    now = time.monotonic()
                     self._inbound.put_nowait(AudioIn(pcm, now))
                     self.taps.caller(pcm, now)
             elif isinstance(event, WireDtmf):
@@ -139,11 +150,19 @@ class PhoneStream:
                 pass
 
     def _mark_played(self, name: str) -> None:
+        check = self._echo_checks.pop(name, None)
+        if check is not None:
+            check.cancel()
         position = self._pending_marks.pop(name, None)
         if position is None:
             return  # unknown, or pending when the reply was cleared: nothing more was heard
         self._played = max(self._played, position)
         self._played_waiters.reach(self._played)
+
+    @property
+    def last_audio_at(self) -> float:
+        """When the line last carried audio (the caller's, or the reply going out)."""
+        return self.activity.last_audio_at
 
     # -- Transport ---------------------------------------------------------------------------
 
@@ -177,6 +196,7 @@ class PhoneStream:
         self.taps.cut(time.monotonic())  # the provider drops what it had not played yet
         self._update_slots()
         self._pending_marks.clear()  # Twilio echoes pending marks on clear: they were not heard
+        self._cancel_echo_checks()
         self._slots.clear()
         self._queued = self._sent = self._played
         self._burst_frames = 0
@@ -212,10 +232,14 @@ class PhoneStream:
             return
         self._closed = True
         self._sender.cancel()
+        self._cancel_echo_checks()
         self._sent_waiters.fail()
         self._played_waiters.fail()
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-            await self.websocket.close(1000)  # unless the other side already closed it
+        # Unless the other side already closed it; a client that stopped reading may never take
+        # the close frame (the send waits for buffer room): the call ends all the same.
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError, TimeoutError):
+            async with asyncio.timeout(self.send_timeout_s):
+                await self.websocket.close(1000)
 
     # -- pacing ------------------------------------------------------------------------------
 
@@ -232,6 +256,9 @@ class PhoneStream:
                     message = self.protocol.mark(item.name)
                     if message is not None:
                         self._pending_marks[item.name] = item.position
+                        self._expect_echo(
+                            item.name, self._burst_start + self._burst_frames * _FRAME_S
+                        )
                         await self._send(message)
                     continue
                 now = time.monotonic()
@@ -244,15 +271,14 @@ class PhoneStream:
                 self._outbox.popleft()
                 await self._send(self.protocol.media(item.pcm))
                 plays_at = self._burst_start + self._burst_frames * _FRAME_S
+                self.activity.in_use(plays_at + _FRAME_S)  # the caller listens until then
                 self._burst_frames += 1
                 self._sent = item.end
                 self._slots.append((plays_at + _FRAME_S, item.end))
                 self.taps.heard(item.source, plays_at)
                 self._sent_waiters.reach(self._sent)
         except TimeoutError:
-            stalled = self.send_timeout_s
-            log.warning("call %s: the client stopped reading for %.0f s", self.call_id, stalled)
-            self.hang_up("client stopped reading")
+            self._stopped_reading_for(f"a send blocked for {self.send_timeout_s:.0f} s")
         except (WebSocketDisconnect, RuntimeError) as exc:
             log.info("call %s: stopped sending (%s)", self.call_id, exc)
             self.hang_up("socket closed")
@@ -260,6 +286,30 @@ class PhoneStream:
     async def _send(self, message: str | bytes) -> None:
         async with asyncio.timeout(self.send_timeout_s):
             await _send(self.websocket, message)
+
+    def _expect_echo(self, name: str, played_by: float) -> None:
+        """Hang up if mark `name` is not echoed `send_timeout_s` after `played_by` (when the
+        audio before it should have finished playing): the client stopped reading."""
+
+        def check() -> None:
+            if name in self._pending_marks and not self._closed:
+                late = time.monotonic() - played_by
+                self._stopped_reading_for(f"mark {name} not echoed {late:.1f} s after it played")
+
+        delay = played_by + self.send_timeout_s - time.monotonic()
+        self._echo_checks[name] = asyncio.get_running_loop().call_later(max(0.0, delay), check)
+
+    def _cancel_echo_checks(self) -> None:
+        for check in self._echo_checks.values():
+            check.cancel()
+        self._echo_checks.clear()
+
+    def _stopped_reading_for(self, why: str) -> None:
+        if self._stopped_reading:
+            return
+        self._stopped_reading = True
+        log.warning("call %s: the client stopped reading (%s); hanging up", self.call_id, why)
+        self.hang_up("client stopped reading")
 
     def _update_slots(self) -> None:
         """Without marks, audio counts as played once its real-time slot has passed."""
@@ -294,66 +344,10 @@ class PhoneStream:
         loop.call_later(_FRAME_S, check)
 
 
-async def receive(websocket: WebSocket) -> str | bytes | None:
-    """The next text or binary message; None once the socket is closed."""
-    message = await websocket.receive()
-    if message["type"] == "websocket.disconnect":
-        # 1000/1001: a normal hang-up; 1009: a frame over the size limit; 1006: the line dropped.
-        log.info("%s: socket closed, code %s", websocket.url.path, message.get("code"))
-        return None
-    text: str | None = message.get("text")
-    if text is not None:
-        return text
-    data: bytes | None = message.get("bytes")
-    return data if data is not None else b""
-
-
-class BadMessages:
-    """Counts unusable messages on one socket and logs them (not every one)."""
-
-    def __init__(self, route: str) -> None:
-        self.route = route
-        self.count = 0
-
-    def __call__(self, error: ProtocolError) -> bool:
-        """Log the error; True while the socket may stay open."""
-        self.count += 1
-        if self.count <= 5 or self.count % 50 == 0:
-            log.warning("%s: bad message #%d ignored: %s", self.route, self.count, error)
-        return self.count <= _MAX_BAD_MESSAGES
-
-
-async def wait_for_start(
-    websocket: WebSocket, protocol: WireProtocol, bad: BadMessages, within_s: float = 10.0
-) -> Start | None:
-    """Read until the provider's start message; None if the socket closes or stays silent."""
-    try:
-        async with asyncio.timeout(within_s):
-            while True:
-                message = await receive(websocket)
-                if message is None:
-                    return None
-                try:
-                    events = protocol.parse(message)
-                except ProtocolError as error:
-                    if not bad(error):
-                        await websocket.close(1008)
-                        return None
-                    continue
-                for event in events:
-                    if isinstance(event, Start):
-                        return event
-                    if isinstance(event, Stop):
-                        return None
-    except TimeoutError:
-        log.warning("%s: no start message within %.0f s; closing", bad.route, within_s)
-        await websocket.close(1008)
-        return None
-
-
 async def pump(stream: PhoneStream, bad: BadMessages, idle_timeout_s: float | None = None) -> None:
-    """Feed the socket's messages to the stream until it closes, or until no caller audio has
-    come for `idle_timeout_s` (a client that answers pings but sends nothing holds no line)."""
+    """Feed the socket's messages to the stream until it closes, or until the line has carried
+    no audio for `idle_timeout_s` (voice/transports/activity.py: a client that answers pings,
+    or trickles tiny or all-zero frames, holds no line)."""
     while True:
         idle_left = None
         if idle_timeout_s is not None:
@@ -362,7 +356,15 @@ async def pump(stream: PhoneStream, bad: BadMessages, idle_timeout_s: float | No
             async with asyncio.timeout(idle_left):
                 message = await receive(stream.websocket)
         except TimeoutError:
-            log.warning("call %s: no audio for %.0f s, hanging up", stream.call_id, idle_timeout_s)
+            assert idle_timeout_s is not None
+            if stream.activity.idle_for(time.monotonic()) < idle_timeout_s:
+                continue  # reply audio went out meanwhile
+            log.warning(
+                "call %s: no audio for %.0f s (%d frames too short or all zero), hanging up",
+                stream.call_id,
+                idle_timeout_s,
+                stream.activity.not_audio,
+            )
             stream.hang_up(f"no audio for {idle_timeout_s:.0f} s")
             return
         except (WebSocketDisconnect, RuntimeError):

@@ -7,6 +7,13 @@ The caller hears a frame as it is sent (there is no far-end playout report in pl
 played position is the sent one; `clear()` (barge-in) drops every queued frame at once.
 Everything here runs on the event loop: RTP arrives through the session's datagram callbacks
 and leaves from one pacing task.
+
+A call whose line carries no audio for `idle_timeout_s` is hung up (voice/transports/activity.py):
+RTP that stopped, or a trickle of frames shorter than 10 ms; the silence the jitter buffer puts
+in for a lost packet is not the caller's audio. A received frame of digital silence is: a muted
+μ-law phone sends exact zeros at the full rate (A-law's silence is not even zero), the peer is
+one the access rules let in, and the timeout is there to find a peer that is gone, not a quiet
+one.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pipeline.transport import (
     until_hang_up,
 )
 from voice.audio import StreamResampler, resample
+from voice.transports.activity import LineActivity
 from voice.transports.positions import PositionWaiters
 from voice.transports.sip.rtp import RtpSession
 
@@ -66,13 +74,17 @@ class SipMedia:
         self._waiters = PositionWaiters()
         self._closed = False
         self.held = False  # the caller put us on hold: send nothing
-        self.last_audio_at = time.monotonic()
+        self.activity = LineActivity(time.monotonic(), zeros_count=True)
+        self._concealed_seen = rtp.packets_lost  # lost packets whose silence came in already
         self._sender = asyncio.create_task(self._send_loop(), name=f"rtp-{call_id}")
 
     # -- inbound (the RTP session's callbacks) -----------------------------------------------
 
     def audio_in(self, pcm8k: PCM, at: float) -> None:
-        self.last_audio_at = at
+        if self.rtp.packets_lost > self._concealed_seen and not pcm8k.any():
+            self._concealed_seen += 1  # the jitter buffer's silence for a lost packet
+        else:
+            self.activity.caller_audio(pcm8k, WIRE_RATE, at)
         pcm = self._to_pipeline(pcm8k)
         if pcm.size:
             self._inbound.put_nowait(AudioIn(pcm, at))
@@ -80,6 +92,11 @@ class SipMedia:
 
     def key_in(self, digit: str, at: float) -> None:
         self._inbound.put_nowait(Dtmf(digit, at))
+
+    @property
+    def last_audio_at(self) -> float:
+        """When the line last carried audio (the caller's, or the reply going out)."""
+        return self.activity.last_audio_at
 
     # -- Transport ---------------------------------------------------------------------------
 
@@ -159,11 +176,16 @@ class SipMedia:
                 start, sent_frames = now, 0
             sent_frames += 1
             if self.held:  # on hold: the caller may send nothing, and hears nothing from us
-                self.last_audio_at = now
+                self.activity.in_use(now)
                 continue
             idle_s = self._idle_timeout_s
-            if idle_s is not None and now - self.last_audio_at > idle_s:
-                log.warning("call %s: no RTP for %.0f s", self.call_id, idle_s)
+            if idle_s is not None and self.activity.idle_for(now) > idle_s:
+                log.warning(
+                    "call %s: no audio in its RTP for %.0f s (%d frames under 10 ms)",
+                    self.call_id,
+                    idle_s,
+                    self.activity.not_audio,
+                )
                 self.hang_up(f"no audio for {idle_s:.0f} s")
                 self._idle_timeout_s = None
             if not self._frames:
@@ -172,6 +194,7 @@ class SipMedia:
                 continue
             frame, source, end = self._frames.popleft()
             self.rtp.send_frame(frame, marker=not self._talking)
+            self.activity.in_use(now)
             self._talking = True
             self.taps.heard(source, time.monotonic())
             self._sent = end
