@@ -143,6 +143,8 @@ async def test_console_shows_listens_to_and_hangs_up_a_call_of_another_worker(
             duration = await page.evaluate(PLAYABLE_SECONDS)
             assert duration > 5, duration
             assert not errors, errors
+            await page.click("#sign-out")  # the session is revoked: back to the sign-in form
+            await page.locator("#sign-in").wait_for(timeout=10_000)
         finally:
             await browser.close()
             if not phone.done():

@@ -150,6 +150,38 @@ def test_redis_statefulset_persists_with_appendonly() -> None:
     )
 
 
+def redis_options(args: list[str]) -> dict[str, str]:
+    """A `redis-server --name value ...` command line's options, by name."""
+    options, name = {}, None
+    for arg in args:
+        if arg.startswith("--"):
+            name = arg[2:]
+            options[name] = ""
+        elif name is not None:
+            options[name] = (options[name] + " " + arg).strip()
+    return options
+
+
+def test_every_bundled_redis_persists_every_second_and_never_evicts() -> None:
+    """Redis holds what Hotline promises (turns kept, call ids never reused): it must keep its
+    data across a restart (append-only file, fsync every second at least) and must not evict
+    keys when full (deploy/README.md, "Redis must persist")."""
+    (container,) = one("StatefulSet", "redis")["spec"]["template"]["spec"]["containers"]
+    command = compose()["services"]["redis"]["command"]
+    bundled = {
+        "k8s/redis.yaml": [*container.get("command", []), *container.get("args", [])],
+        "compose.yaml": command.split() if isinstance(command, str) else command,
+    }
+    for where, args in bundled.items():
+        options = redis_options([str(a) for a in args])
+        assert options.get("appendonly") == "yes", where
+        assert options.get("appendfsync") in ("everysec", "always"), where
+        assert options.get("maxmemory-policy", "noeviction") == "noeviction", where
+        assert "maxmemory-policy" in options, f"{where}: pin noeviction, do not rely on defaults"
+    guide = " ".join((DEPLOY / "README.md").read_text("utf-8").split())  # wrapping aside
+    assert "## Redis must persist" in guide and "appendfsync everysec" in guide
+
+
 def test_kustomization_lists_existing_files() -> None:
     resources = kustomization()["resources"]
     for name in resources:

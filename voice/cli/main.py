@@ -92,7 +92,10 @@ def serve(
         server_app,
         host=settings.host,
         port=settings.port,
+        # uvicorn's loggers (its access log too) reach setup_logging's one handler, whose
+        # formatter redacts secrets (`?token=`) from every line.
         log_config=None,
+        access_log=True,
         ws_max_size=64 * 1024,
     )
     DrainingServer(config, server_app).run()

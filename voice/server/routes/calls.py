@@ -93,7 +93,7 @@ async def call_detail(call_id: str, request: Request) -> dict[str, object] | JSO
 @calls_live_api.websocket("/calls/{call_id}/live")
 async def watch_call(websocket: WebSocket, call_id: str) -> None:
     """The call's events as JSON messages (transcripts, turn timings, state), from any worker."""
-    if not authorized_socket(websocket):
+    if not await authorized_socket(websocket):
         await websocket.close(1008, "missing or wrong bearer token")
         return
     sessions: CallRegistry = switchboard(websocket).sessions
