@@ -21,6 +21,7 @@ def test_nested_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOTLINE_PORT", "9000")
     monkeypatch.setenv("HOTLINE_PHONE_STT__MODEL", "base")
     monkeypatch.setenv("HOTLINE_TELEPHONY__TWILIO_AUTH_TOKEN", "tok")
+    monkeypatch.setenv("HOTLINE_SIP__LIMITS__STRANGER_RATE", "50")
     monkeypatch.setenv(
         "HOTLINE_WEBRTC__ICE_SERVERS",
         '["stun:stun.example.org:3478", '
@@ -31,6 +32,7 @@ def test_nested_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.phone_stt.model == "base" and settings.stt.model == "tiny.en"
     assert settings.telephony.twilio_auth_token is not None
     assert settings.telephony.twilio_auth_token.get_secret_value() == "tok"
+    assert settings.sip.limits.stranger_rate == 50 and settings.sip.limits.stranger_burst == 40
     assert settings.webrtc.ice_servers == [
         "stun:stun.example.org:3478",
         IceServer(urls="turn:turn.example.org:3478", username="u", credential="p"),

@@ -25,6 +25,7 @@ from voice.cluster.webhooks import WebhookSettings
 from voice.llm_sim.simulator import SimulatorSettings
 from voice.recordings.settings import RecordingSettings
 from voice.server.tracing import TracingSettings
+from voice.transports.sip.limits import SipLimits
 
 
 class IceServer(BaseModel):
@@ -114,6 +115,10 @@ class SipSettings(BaseModel):
     # Session timers (RFC 4028), when the caller asks: the smallest interval accepted (422 and
     # Min-SE below it); a call not refreshed within its interval is hung up.
     min_session_expires_s: int = Field(default=90, ge=1)
+    # What one source may cost a worker: messages a second (counted before parsing), TCP/TLS
+    # connections, header and idle timeouts (`SipLimits`; README "Security"), each settable,
+    # e.g. HOTLINE_SIP__LIMITS__STRANGER_RATE=50.
+    limits: SipLimits = Field(default_factory=SipLimits)
 
 
 class AgentSettings(BaseModel):

@@ -14,7 +14,8 @@ from typing import Any
 
 from pipeline.tools import Transfer
 from voice.agents.transfer import CallControlError
-from voice.transports.sip.dialog import SipDialog
+from voice.throttle import LogThrottle
+from voice.transports.sip.dialog import InviteTransaction, SipDialog, same_transaction
 from voice.transports.sip.endpoint import Peer, SipEndpoint, SipError
 from voice.transports.sip.media import SipMedia
 from voice.transports.sip.message import (
@@ -29,6 +30,7 @@ from voice.transports.sip.timers import SessionTimer
 log = logging.getLogger("voice.server.routes.sip")
 
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY, REGISTER, UPDATE"
+WARN_EVERY_S = 10.0  # a refusal a flood could repeat is logged at most this often (per kind)
 
 
 @dataclass
@@ -39,8 +41,6 @@ class SipCall:
     rtp: RtpSession
     call_id: str  # ours (the switchboard's), not the SIP Call-ID
     media: SipMedia | None = None
-    answered: bool = False
-    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     bye_received: bool = False
     session_id: int = field(default_factory=lambda: random.randrange(1, 2**31))
     version: int = 1
@@ -53,6 +53,8 @@ class InCall:
 
     endpoint: SipEndpoint
     calls: dict[str, SipCall]  # by SIP Call-ID
+    invites: dict[str, InviteTransaction]  # INVITEs being answered, by SIP Call-ID
+    warnings: LogThrottle  # refusals a flood could repeat
     _tasks: set[asyncio.Task[object]]
 
     @property
@@ -88,6 +90,12 @@ class InCall:
             body=body,
             content_type="application/sdp" if body else None,
         )
+        if status >= 200 and request.method == "INVITE":
+            pending = self.invites.get(request.call_id)
+            if pending is not None and pending.invite is request:
+                if pending.final:
+                    return response  # one final answer per INVITE: a CANCEL's 487 came first
+                pending.final = True  # a CANCEL from now on changes nothing
         self.endpoint.send(response, peer)
         return response
 
@@ -186,24 +194,26 @@ class InCall:
             call.media.hang_up("caller hung up (BYE)")
 
     def _cancel(self, request: SipMessage, peer: Peer) -> None:
-        call = self.calls.get(request.call_id)
-        if call is None or call.answered:
-            self._reply(
-                request,
-                peer,
-                481 if call is None else 200,
-                "OK" if call else "Call/Transaction Does Not Exist",
-            )
+        """CANCEL (RFC 3261 §9.2) of the INVITE whose transaction it matches (top Via branch
+        and sent-by, Call-ID): before the INVITE's final answer, 200 and the INVITE 487 (the
+        call never starts: `_invite` sees `cancelled` and lets everything go); after it, 200
+        and no effect. A CANCEL that matches no INVITE gets 481."""
+        pending = self.invites.get(request.call_id)
+        if pending is not None and same_transaction(pending.invite, request):
+            self._reply(request, peer, 200, "OK")
+            if not pending.final:
+                pending.cancelled.set()
+                invite = pending.invite
+                self._reply(
+                    invite, pending.peer, 487, "Request Terminated", to_tag=pending.local_tag
+                )
             return
-        self._reply(request, peer, 200, "OK")
-        self._reply(
-            call.dialog.invite,
-            call.dialog.peer,
-            487,
-            "Request Terminated",
-            to_tag=call.dialog.local_tag,
-        )
-        call.cancelled.set()
+        call = self.calls.get(request.call_id)
+        if call is not None and same_transaction(call.dialog.invite, request):
+            self._reply(request, peer, 200, "OK")  # answered already: too late to cancel
+            return
+        self.warnings.warn(log, "cancel", "sip: CANCEL from %s matches no INVITE: 481", peer.host)
+        self._reply(request, peer, 481, "Call/Transaction Does Not Exist")
 
     def _ended(self, call: SipCall) -> None:
         """The conversation is over: unless the caller said BYE, we do."""

@@ -1,6 +1,7 @@
 """One SIP dialog as the answering side sees it (RFC 3261 §12): made from the INVITE we answered,
 it builds the requests we send inside it (BYE, REFER) and keeps resending our 2xx until the
-caller's ACK (§13.3.1.4)."""
+caller's ACK (§13.3.1.4). Before it, the INVITE's server transaction (§17.2.1): what a CANCEL
+must match (§9.2) and what tells a retransmission from a second INVITE (§8.2.2.2)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,48 @@ from voice.transports.sip.message import (
     SipMessage,
     SipParseError,
     new_branch,
+    new_tag,
     parse_name_addr,
     parse_uri,
+    parse_via,
 )
 
 log = logging.getLogger(__name__)
+
+
+def transaction_key(message: SipMessage) -> tuple[str, str, str] | None:
+    """What names a request's server transaction (RFC 3261 §17.2.3), the method aside: the top
+    Via's branch and sent-by, and the Call-ID. None without a branch (nothing can match it)."""
+    with contextlib.suppress(SipParseError):
+        vias = message.header_values("Via")
+        via = parse_via(vias[0]) if vias else None
+        if via is not None and via.branch:
+            return via.branch, f"{via.host.lower()}:{via.port or ''}", message.call_id
+    return None
+
+
+def same_transaction(first: SipMessage, second: SipMessage) -> bool:
+    """Whether two requests are of one transaction: a retransmission, or a CANCEL (or the ACK
+    of a non-2xx answer) and the INVITE it is for."""
+    key = transaction_key(first)
+    return key is not None and key == transaction_key(second)
+
+
+@dataclass(eq=False)
+class InviteTransaction:
+    """An INVITE from its arrival to its final answer (RFC 3261 §17.2.1). `local_tag` is the To
+    tag of every answer to it (a 487 after a CANCEL included) and of the dialog a 200 makes;
+    `cancelled` is set by the CANCEL that matched it before the final answer."""
+
+    invite: SipMessage
+    peer: Peer
+    local_tag: str = field(default_factory=new_tag)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    final: bool = False  # a final answer (2xx, 487 or a refusal) was sent
+
+    def retransmission(self, request: SipMessage, peer: Peer) -> bool:
+        """`request` is this INVITE again, from where it came from."""
+        return peer.host == self.peer.host and same_transaction(self.invite, request)
 
 
 @dataclass
@@ -59,6 +97,10 @@ class SipDialog:
             from_tag = parse_name_addr(message.header("From") or "").tag
             return to_tag == self.local_tag and from_tag == self.remote_tag
         return False
+
+    def retransmission(self, request: SipMessage, peer: Peer) -> bool:
+        """`request` is the dialog's INVITE again, from where it came from."""
+        return peer.host == self.peer.host and same_transaction(self.invite, request)
 
     def request(self, method: str, headers: list[tuple[str, str]] | None = None) -> SipMessage:
         """A request inside the dialog: our To (with tag) as From, their From as To."""

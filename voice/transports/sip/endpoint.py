@@ -1,35 +1,45 @@
 """SIP over UDP, TCP and TLS (RFC 3261 §18, §26.2; TLS from Python's `ssl`, the system's
-OpenSSL) with the transaction rules a user agent server needs
-(§17): a retransmitted request gets the response it got before, requests we send over UDP are
-retransmitted until answered (timers A/E, T1 = 500 ms, T2 = 4 s, 32 s in all), and responses go
-back where the request came from (symmetric, as `rport`, RFC 3581), which is what works behind
-NAT. Malformed messages are logged (a few) and dropped; a TCP connection that sends one is
-closed. Everything runs on the event loop."""
+OpenSSL) with the transaction rules a user agent server needs (§17): a retransmitted request
+gets the response it got before, and only its own source does (`transactions`); requests we
+send over UDP are retransmitted until answered (timers A/E, T1 = 500 ms, T2 = 4 s, 32 s in
+all), and responses go back where the request came from (symmetric, as `rport`, RFC 3581),
+which is what works behind NAT. Everything runs on the event loop.
+
+Input is hostile (`SipLimits`): a source off the allow-list has a message budget, taken before
+its message is parsed (over it: dropped silently, a log line now and then); TCP and TLS
+connections are capped per source, the allow-list keeping its share, and closed on a slow
+message (the TLS handshake included) or when idle (`streams`). Malformed messages are logged
+(a few) and dropped; a TCP connection that sends one is closed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from functools import partial
 
-from voice.transports.sip.message import (
-    MAX_MESSAGE_BYTES,
-    SipMessage,
-    SipParseError,
-    StreamFramer,
-    parse_message,
+from voice.throttle import LogThrottle
+from voice.transports.sip.limits import Connections, Kind, SipLimits, Sources, group
+from voice.transports.sip.message import SipMessage, SipParseError, parse_message
+from voice.transports.sip.streams import (
+    StreamTimeout,
+    accept_forever,
+    listening_socket,
+    stream_messages,
+    tls_streams,
 )
+from voice.transports.sip.transactions import ServerTransactions, Source
 
 log = logging.getLogger(__name__)
 
 T1 = 0.5
 T2 = 4.0
 TRANSACTION_S = 64 * T1  # how long a transaction (and its cached response) lives
-_MAX_TCP_CONNECTIONS = 1000
 
 
 @dataclass(eq=False)
@@ -44,12 +54,24 @@ class Peer:
     def host(self) -> str:
         return self.address[0]
 
+    @property
+    def source(self) -> Source:
+        """Who asked, as transactions match it: the address for UDP, the host on a stream."""
+        return (self.transport, self.host, self.address[1] if self.transport == "UDP" else 0)
+
 
 Handler = Callable[[SipMessage, Peer], Awaitable[None]]
 
 
 class SipError(Exception):
     """A request we sent got no final answer, or the answer could not be sent."""
+
+
+@dataclass(eq=False)
+class _Connection:
+    peer: Peer
+    kind: Kind  # when it was let in
+    calls: set[str] = field(default_factory=set)  # Call-IDs answered 2xx here, not yet ended
 
 
 class _Udp(asyncio.DatagramProtocol):
@@ -75,45 +97,75 @@ class SipEndpoint:
         handler: Handler,
         tls: ssl.SSLContext | None = None,
         tls_port: int = 5061,
+        *,
+        trusted: Callable[[str], bool] | None = None,
+        limits: SipLimits | None = None,
     ) -> None:
-        """`tls`: also listen for SIP over TLS on `tls_port` (0: any free port)."""
+        """`tls`: also listen for SIP over TLS on `tls_port` (0: any free port). `trusted(host)`:
+        whether a source is on the operator's allow-list (None: no source is)."""
         self.host = host
         self.port = port
         self.handler = handler
         self.tls = tls
         self.tls_port = tls_port
+        self.limits = limits or SipLimits()
+        self.sources = Sources(self.limits, trusted or (lambda host: False))
+        self.connections = Connections(self.limits)
+        self.transactions = ServerTransactions(
+            TRANSACTION_S,
+            max_entries=self.limits.transactions,
+            max_stranger_entries=self.limits.stranger_transactions,
+        )
+        self._quiet = LogThrottle()
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
-        self._tls: asyncio.Server | None = None
-        self._connections: set[asyncio.StreamWriter] = set()
-        # (branch, method) of requests answered lately -> (their last response, expiry)
-        self._answered: dict[tuple[str, str], tuple[bytes, Peer, float]] = {}
+        self._tls: socket.socket | None = None  # our own accept loop: caps before the handshake
+        self._connections: dict[asyncio.StreamWriter, _Connection] = {}
         self._pending: dict[str, asyncio.Future[SipMessage]] = {}  # our requests, by branch
         self._tasks: set[asyncio.Task[None]] = set()
         self.bad_messages = 0
+        self.refused_connections = 0  # TCP/TLS connections closed at once: over a cap
+        self.timed_out = 0  # TCP/TLS connections closed: a slow message, a handshake, idle
+
+    @property
+    def rate_dropped(self) -> int:
+        """Messages dropped unparsed: their source was over its budget."""
+        return self.sources.dropped
+
+    def vouch(self, host: str) -> None:
+        """`host`, off the allow-list, just proved a digest user: it gets the vouched budget
+        (`SipLimits.vouched_rate`, and a connection share of its own) for `vouch_s`."""
+        self.sources.vouch(host)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        udp, _ = await loop.create_datagram_endpoint(
-            lambda: _Udp(self), local_addr=(self.host, self.port)
-        )
-        self._udp = udp
-        self.port = int(udp.get_extra_info("sockname")[1])
-        self._tcp = await asyncio.start_server(self._tcp_connection, self.host, self.port)
-        log.info("SIP listening on %s:%d (UDP and TCP)", self.host, self.port)
-        if self.tls is not None:
-            self._tls = await asyncio.start_server(
-                self._tls_connection, self.host, self.tls_port, ssl=self.tls
+        for attempt in range(8 if self.port == 0 else 1):  # port 0: one free for UDP and TCP
+            udp, _ = await loop.create_datagram_endpoint(
+                lambda: _Udp(self), local_addr=(self.host, self.port)
             )
-            self.tls_port = int(self._tls.sockets[0].getsockname()[1])
+            port = int(udp.get_extra_info("sockname")[1])
+            try:
+                self._tcp = await asyncio.start_server(self._tcp_connection, self.host, port)
+            except OSError:
+                udp.close()
+                if attempt == 7 or self.port != 0:
+                    raise
+                continue
+            self._udp, self.port = udp, port
+            break
+        log.info("SIP listening on %s:%d (UDP and TCP)", self.host, self.port)
+        if self.tls is not None:  # the handshake is ours, after the connection caps
+            self._tls = listening_socket(self.host, self.tls_port)
+            self.tls_port = int(self._tls.getsockname()[1])
+            failed = partial(self._warn, "accept", "sip: TLS accept failed: %s")
+            self._spawn(accept_forever(self._tls, self._accepted_tls, failed))
             log.info("SIP listening on %s:%d (TLS)", self.host, self.tls_port)
 
     async def close(self) -> None:
         if self._udp is not None:
             self._udp.close()
-        for server in (self._tcp, self._tls):
-            if server is not None:
-                server.close()
+        if self._tcp is not None:
+            self._tcp.close()
         for writer in list(self._connections):
             writer.close()
         for task in list(self._tasks):
@@ -121,20 +173,19 @@ class SipEndpoint:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(SipError("endpoint closed"))
+        if self._tls is not None:
+            self._tls.close()
 
     # -- sending -----------------------------------------------------------------------------
 
     def send(self, message: SipMessage, peer: Peer) -> None:
-        """Send now (best effort); a response is also remembered for its retransmissions."""
+        """Send now (best effort); a response is also remembered for its request's
+        retransmissions from `peer`."""
         data = message.to_bytes()
         if not message.is_request:
-            try:
-                branch, method = message.branch, message.cseq[1]
-            except SipParseError:
-                branch = None
-            if branch:
-                expiry = time.monotonic() + TRANSACTION_S
-                self._answered[(branch, method)] = (data, peer, expiry)
+            stranger = self.sources.kind(peer.host) == "stranger"
+            self.transactions.answered(message, data, peer.source, stranger=stranger)
+            self._note_call(message, peer)
         self._send_bytes(data, peer)
 
     def _send_bytes(self, data: bytes, peer: Peer) -> None:
@@ -168,9 +219,37 @@ class SipEndpoint:
         finally:
             self._pending.pop(branch, None)
 
+    def _note_call(self, message: SipMessage, peer: Peer) -> None:
+        """A call answered on a connection keeps it from the idle timeout until its BYE is
+        answered (our BYE's answer, or ours to the caller's)."""
+        connection = self._connections.get(peer.writer) if peer.writer is not None else None
+        status = message.status or 0
+        if connection is None or status < 200:
+            return
+        with contextlib.suppress(SipParseError):
+            method = message.cseq[1]
+            if method == "INVITE" and status < 300 and len(connection.calls) < 1024:
+                connection.calls.add(message.call_id)
+            elif method == "BYE":
+                connection.calls.discard(message.call_id)
+
     # -- receiving ---------------------------------------------------------------------------
 
+    def _admit(self, peer: Peer) -> bool:
+        """Whether `peer`'s source has budget for one more message (taken, before parsing)."""
+        if self.sources.admit(peer.host):
+            return True
+        self._warn(
+            f"rate {peer.host}",
+            "sip: %s over its budget: its messages are dropped unread (%d so far)",
+            peer.host,
+            self.sources.dropped_by.get(group(peer.host), 0),
+        )
+        return False
+
     def _received(self, data: bytes, peer: Peer) -> None:
+        if not self._admit(peer):
+            return
         if not data.strip():
             return  # a keep-alive
         try:
@@ -184,19 +263,21 @@ class SipEndpoint:
         if not message.is_request:
             future = self._pending.get(message.branch or "")
             if future is not None and not future.done() and (message.status or 0) >= 200:
+                self._note_call(message, peer)
                 future.set_result(message)
             return
-        self._expire()
-        try:
-            key = (message.branch or "", message.cseq[1])
-        except SipParseError as exc:
-            self._bad(peer, exc)
+        answer = self.transactions.match(message, peer.source)
+        if answer == "absorb":
             return
-        answered = self._answered.get(key) if key[0] and message.method != "ACK" else None
-        if answered is not None:
-            self._send_bytes(answered[0], peer)  # a retransmission: the same answer again
+        if answer is not None:
+            self._send_bytes(answer, peer)  # a retransmission: the same answer again
             return
-        task = asyncio.create_task(self._handle(message, peer))
+        stranger = self.sources.kind(peer.host) == "stranger"
+        self.transactions.begin(message, peer.source, stranger=stranger)
+        self._spawn(self._handle(message, peer))
+
+    def _spawn(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -216,37 +297,100 @@ class SipEndpoint:
                 error,
             )
 
-    def _expire(self) -> None:
-        now = time.monotonic()
-        if len(self._answered) > 64:
-            self._answered = {k: v for k, v in self._answered.items() if v[2] > now}
+    def _warn(self, key: str, message: str, *args: object) -> None:
+        """A log line a flood could repeat: one per `key` every 10 s, ten a second in all."""
+        self._quiet.warn(log, key, message, *args)
 
-    async def _tls_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        await self._tcp_connection(reader, writer, "TLS")
+    # -- TCP and TLS -------------------------------------------------------------------------
+
+    def _let_in(self, transport: str, host: str) -> Kind | None:
+        """The kind `host` is let in as, or None (logged) when a connection cap says no."""
+        kind = self.sources.kind(host)
+        refused = self.connections.open(host, kind)
+        if refused is None:
+            return kind
+        self.refused_connections += 1
+        self._warn(
+            f"connection {host}", "sip: %s connection from %s refused: %s", transport, host, refused
+        )
+        return None
 
     async def _tcp_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, transport: str = "TCP"
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         name = writer.get_extra_info("peername")
-        if len(self._connections) >= _MAX_TCP_CONNECTIONS:
-            writer.close()
+        address = (str(name[0]), int(name[1]))
+        kind = self._let_in("TCP", address[0])
+        if kind is None:
+            writer.transport.abort()
             return
-        peer = Peer(transport, (str(name[0]), int(name[1])), writer)
-        self._connections.add(writer)
-        framer = StreamFramer()
+        await self._session(reader, writer, Peer("TCP", address, writer), kind)
+
+    def _accepted_tls(self, sock: socket.socket, address: tuple[str, int]) -> None:
+        kind = self._let_in("TLS", address[0])
+        if kind is None:
+            sock.close()
+        else:
+            self._spawn(self._tls_connection(sock, address, kind))
+
+    async def _tls_connection(
+        self, sock: socket.socket, address: tuple[str, int], kind: Kind
+    ) -> None:
+        """The handshake (within the header timeout), then SIP as on TCP."""
+        assert self.tls is not None
         try:
-            while data := await reader.read(MAX_MESSAGE_BYTES):
-                try:
-                    messages = framer.feed(data)
-                except SipParseError as exc:
-                    self._bad(peer, exc)
-                    break
-                for message in messages:
-                    self._dispatch(message, peer)
+            reader, writer = await tls_streams(sock, self.tls, self.limits.header_timeout_s)
+        except BaseException as exc:
+            self.connections.close(address[0], kind)
+            if not isinstance(exc, OSError | TimeoutError):  # ssl.SSLError is an OSError
+                raise
+            self.timed_out += isinstance(exc, TimeoutError)
+            why = str(exc) or type(exc).__name__
+            self._warn(
+                f"handshake {address[0]}", "sip: TLS handshake with %s failed: %s", address[0], why
+            )
+            return
+        await self._session(reader, writer, Peer("TLS", address, writer), kind)
+
+    async def _session(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: Peer, kind: Kind
+    ) -> None:
+        connection = _Connection(peer, kind)
+        self._connections[writer] = connection
+        try:
+            await self._read(reader, connection)
         except (ConnectionError, OSError):
             pass
         finally:
-            self._connections.discard(writer)
+            self.connections.close(peer.host, kind)
+            self._connections.pop(writer, None)
             writer.close()
+
+    async def _read(self, reader: asyncio.StreamReader, connection: _Connection) -> None:
+        """Messages from one connection until it closes, sends garbage, goes over its source's
+        budget or times out."""
+        peer = connection.peer
+        messages = stream_messages(
+            reader,
+            header_timeout_s=self.limits.header_timeout_s,
+            idle_timeout_s=self.limits.idle_timeout_s,
+            busy=lambda: bool(connection.calls),
+            may_parse=lambda: self.sources.ready(peer.host) or self._admit(peer),
+        )
+        try:
+            async with contextlib.aclosing(messages):
+                async for message in messages:
+                    if not self._admit(peer):
+                        return
+                    self._dispatch(message, peer)
+        except SipParseError as exc:
+            self._bad(peer, exc)
+        except StreamTimeout as exc:
+            self.timed_out += 1
+            self._warn(
+                f"timeout {peer.host}",
+                "sip: %s connection from %s closed: %s",
+                peer.transport,
+                peer.host,
+                exc,
+            )

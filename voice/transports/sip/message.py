@@ -306,6 +306,12 @@ class StreamFramer:
         self._error: SipParseError | None = None
         self.keepalives = 0
 
+    @property
+    def incomplete(self) -> bool:
+        """Whether part of a message has come: its first bytes, not yet its last."""
+        buffer = self._buffer  # CRLFs before a message are skipped; a lone CR may wait
+        return self._head is not None or len(buffer) > 1 or (len(buffer) == 1 and buffer[0] != 13)
+
     def feed(self, data: bytes) -> list[SipMessage]:
         """Take the next bytes; return the messages they complete, in order."""
         if self._error is not None:

@@ -7,10 +7,9 @@ RTCP is not implemented: packets arriving on the RTP port (RFC 5761 multiplexing
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
+import random
 import secrets
-import socket
 import struct
 import time
 from collections import deque
@@ -22,6 +21,7 @@ import numpy as np
 
 from voice.audio import PCM, alaw_decode, alaw_encode, mulaw_decode, mulaw_encode
 from voice.transports.sip.jitter import JitterBuffer
+from voice.transports.sip.rtp_ports import bind_rtp_socket, host_forms
 
 log = logging.getLogger(__name__)
 
@@ -174,16 +174,20 @@ class G711:
 
 
 class RtpSession(asyncio.DatagramProtocol):
-    """One call's RTP over UDP. Symmetric RTP (RFC 4961) for NAT: packets are sent to the
-    address the SDP gave until a valid packet (right payload type / telephone-event, any SSRC)
-    arrives from elsewhere; then to that source ("latching", logged once). Packets from other
-    sources after latching are dropped (and counted). RTCP not implemented (ignored).
+    """One call's RTP over UDP. Packets go to the SDP's address until the caller's first valid
+    packet (right payload type / telephone-event, any SSRC); then to where it came from
+    ("latching": symmetric RTP for NAT, RFC 4961). RTCP not implemented (ignored).
 
-    The first valid packet latches, wherever it comes from; setting `remote` to a new address
-    (a re-INVITE moved the media) forgets the latch, so the next valid packet latches again.
-    Telephone-events share the audio's sequence numbers (RFC 4733 §2.1): they pass through the
-    jitter buffer as empty frames, so they are not mistaken for lost audio, and give no audio.
+    Only the caller latches: a packet from the SDP's connection host or (behind NAT) the host
+    the signalling came from (`signalling_host`), at any port. Anything else (before latching;
+    after it, anything not from the latched address) is dropped, counted in `foreign_dropped`
+    and logged at most once per `FOREIGN_LOG_S`: a host spraying the port range is never heard
+    nor sent to. Setting `remote` (a re-INVITE moved the media) forgets the latch and moves the
+    SDP host with it; the signalling host stays. Telephone-events share the audio's sequence
+    numbers (RFC 4733 §2.1): they pass the jitter buffer as empty frames (not lost audio).
     """
+
+    FOREIGN_LOG_S = 30.0
 
     def __init__(
         self,
@@ -193,6 +197,7 @@ class RtpSession(asyncio.DatagramProtocol):
         on_dtmf: Callable[[str, float], None],
         *,
         remote: tuple[str, int] | None,
+        signalling_host: str | None = None,
         jitter_frames: int = 3,
         frame_samples: int = 160,
     ) -> None:
@@ -203,6 +208,10 @@ class RtpSession(asyncio.DatagramProtocol):
         self.frame_samples = frame_samples
         self._signalled = remote  # where the SDP says to send
         self._latched: tuple[str, int] | None = None  # where packets really come from
+        self._signalling_host = signalling_host
+        self._callers = host_forms(remote[0] if remote else None, signalling_host)
+        self._foreign_logged_at: float | None = None
+        self._foreign_since_log = 0
         self._jitter = JitterBuffer(jitter_frames)
         self._dtmf = DtmfDetector()
         self._remote_ssrc: int | None = None
@@ -214,7 +223,7 @@ class RtpSession(asyncio.DatagramProtocol):
         self._timestamp = secrets.randbits(32)
         self.packets_in = 0  # valid packets from the remote (audio and telephone-events)
         self.packets_out = 0
-        self.foreign_dropped = 0  # valid packets from another address after latching
+        self.foreign_dropped = 0  # datagrams not from the caller's host (or latched address)
         self.invalid_dropped = 0  # not RTP, RTCP, or a payload type not negotiated
 
     # -- addresses -----------------------------------------------------------------------------
@@ -236,6 +245,7 @@ class RtpSession(asyncio.DatagramProtocol):
         if address != self._signalled:
             self._signalled = address
             self._latched = None
+            self._callers = host_forms(address[0] if address else None, self._signalling_host)
 
     @property
     def latched(self) -> bool:
@@ -264,6 +274,11 @@ class RtpSession(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: tuple[Any, ...]) -> None:
         if self._closed:
             return
+        source = (str(addr[0]), int(addr[1]))
+        latched = self._latched
+        if source != latched and (latched is not None or source[0] not in self._callers):
+            self._foreign(source)  # before parsing: a stranger's flood costs a set lookup
+            return
         try:
             packet = parse_rtp(data)
         except RtpError:
@@ -275,12 +290,8 @@ class RtpSession(asyncio.DatagramProtocol):
         if packet.payload_type != self.codec.payload_type and not is_dtmf:
             self.invalid_dropped += 1
             return
-        source = (str(addr[0]), int(addr[1]))
-        if self._latched is None:
+        if latched is None:
             self._latch(source)
-        elif source != self._latched:
-            self.foreign_dropped += 1
-            return
         self.packets_in += 1
         now = time.monotonic()
         if self._remote_ssrc != packet.ssrc:
@@ -302,6 +313,29 @@ class RtpSession(asyncio.DatagramProtocol):
                 *source,
                 self._signalled,
             )
+
+    def _foreign(self, source: tuple[str, int]) -> None:
+        """Drop a datagram not from the caller: counted, logged at most once per FOREIGN_LOG_S."""
+        self.foreign_dropped += 1
+        self._foreign_since_log += 1
+        now = time.monotonic()
+        if self._foreign_logged_at is None or now - self._foreign_logged_at >= self.FOREIGN_LOG_S:
+            latched = self._latched
+            taken = f"{latched[0]}:{latched[1]}" if latched else " or ".join(sorted(self._named()))
+            log.warning(
+                "RTP port %s: %d datagram(s) not from the caller dropped (last from %s:%s; "
+                "media is taken only from %s)",
+                self._port_or_none(),
+                self._foreign_since_log,
+                *source,
+                taken,
+            )
+            self._foreign_logged_at, self._foreign_since_log = now, 0
+
+    def _named(self) -> set[str]:
+        """The hosts the caller's media may come from (for the log): SDP and signalling."""
+        hosts = {self._signalling_host, self._signalled[0] if self._signalled else None}
+        return {host for host in hosts if host} or {"nowhere (no address known)"}
 
     def _play(self, frames: list[bytes | None], now: float) -> None:
         for frame in frames:
@@ -347,24 +381,21 @@ class RtpSession(asyncio.DatagramProtocol):
 
 
 async def open_rtp_session(
-    host: str, port_range: tuple[int, int], **session_kwargs: Any
+    host: str,
+    port_range: tuple[int, int],
+    *,
+    rng: random.Random | None = None,
+    **session_kwargs: Any,
 ) -> RtpSession:
-    """Bind a UDP socket on `host` to the first free even port in [low, high) (RFC 3550 §11:
-    RTP on an even port) and return its session; OSError if none is free."""
-    low, high = port_range
+    """Bind a UDP socket on `host` to a random free even port in [low, high) (RFC 3550 §11: RTP
+    on an even port; `rng` for tests) and return its session; OSError if none is free."""
     loop = asyncio.get_running_loop()
     session = RtpSession(**session_kwargs)  # first: a bad argument must not leak a socket
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for port in range(low + low % 2, high, 2):
-        sock = socket.socket(family, socket.SOCK_DGRAM)
-        try:
-            sock.bind((host, port))  # here, not in asyncio: its error hides the errno
-        except OSError as exc:
-            sock.close()
-            if exc.errno == errno.EADDRINUSE:
-                continue
-            raise
+    sock = bind_rtp_socket(host, port_range, rng)
+    try:
         sock.setblocking(False)
         await loop.create_datagram_endpoint(lambda: session, sock=sock)
-        return session
-    raise OSError(errno.EADDRINUSE, f"no free even UDP port on {host} in [{low}, {high})")
+    except BaseException:
+        sock.close()
+        raise
+    return session

@@ -1,0 +1,391 @@
+"""Strangers inside someone else's SIP call, and the CANCEL races: a real `hotline serve` (SIP
+on, 127.0.0.1 the only allowed source), driven with raw SIP over UDP from 127.0.0.1 (the
+caller) and from 127.0.0.2-127.0.0.9 (strangers who know the call's Call-ID, tags and branch).
+A stranger's re-INVITE, BYE and CANCEL get 403 and change nothing; a CANCEL right behind its
+INVITE always wins (200, then 487, never a 200 for the INVITE, nothing kept); a second INVITE
+with a call's Call-ID gets 482 and makes no second call."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.server import Server, free_port, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+NUMBER = "+15551230000"
+RING_MS = 600  # every call rings this long first: time for a CANCEL
+RTP_PORTS = (20000, 30000)  # the server's default range
+
+
+@pytest.fixture(scope="module")
+def sip_server() -> Iterator[tuple[Server, int]]:
+    port = free_port()
+    server = start_server(
+        {
+            "HOTLINE_SIP__ENABLED": "true",
+            "HOTLINE_SIP__PORT": str(port),
+            "HOTLINE_SIP__ALLOW": '["127.0.0.1/32"]',  # 127.0.0.2-.9 are strangers
+            "HOTLINE_SIP__ANSWER_AFTER_MS": str(RING_MS),
+            "HOTLINE_MAX_CALLS": "2",  # a slot held by a call that should not be is missed
+        }
+    )
+    yield server, port
+    stop_server(server)
+
+
+# -- a raw SIP phone ---------------------------------------------------------------------------
+
+
+@dataclass
+class Response:
+    status: int
+    method: str  # of its CSeq
+    branch: str
+    to_tag: str | None
+    text: str
+
+
+def parse_response(data: bytes) -> Response | None:
+    text = data.decode("utf-8", "replace")
+    if not text.startswith("SIP/2.0 "):
+        return None  # a request (our BYE, say)
+    head = text.split("\r\n\r\n", 1)[0].split("\r\n")
+    headers: dict[str, str] = {}
+    for line in head[1:]:
+        name, _, value = line.partition(":")
+        headers.setdefault(name.strip().lower(), value.strip())
+    to_tag = headers["to"].split(";tag=")[1].split(";")[0] if ";tag=" in headers["to"] else None
+    branch = headers["via"].split("branch=z9hG4bK")[1].split(";")[0]
+    return Response(int(head[0].split(" ")[1]), headers["cseq"].split()[1], branch, to_tag, text)
+
+
+class Phone:
+    """A SIP user agent on one loopback address: a SIP socket and an RTP socket."""
+
+    def __init__(self, host: str, server_port: int, user: str) -> None:
+        self.host, self.server_port, self.user = host, server_port, user
+        self.sip = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sip.bind((host, 0))
+        self.rtp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rtp.bind((host, 0))
+        self.sip_port = self.sip.getsockname()[1]
+        self.rtp_port = self.rtp.getsockname()[1]
+
+    def close(self) -> None:
+        self.sip.close()
+        self.rtp.close()
+
+    def sdp(self) -> str:
+        return (
+            f"v=0\r\no=- 1 1 IN IP4 {self.host}\r\ns=-\r\nc=IN IP4 {self.host}\r\nt=0 0\r\n"
+            f"m=audio {self.rtp_port} RTP/AVP 0\r\n"
+        )
+
+    def request(
+        self,
+        method: str,
+        call: str,
+        branch: str,
+        *,
+        cseq: int = 1,
+        from_tag: str = "caller-tag",
+        to_tag: str | None = None,
+        sent_by: str | None = None,
+        sdp: bool = False,
+    ) -> bytes:
+        """A request of `call` (a SIP Call-ID) as this phone would send it; `sent_by` in the
+        Via is this phone's address unless given (a stranger copying someone else's Via)."""
+        via = sent_by or f"{self.host}:{self.sip_port}"
+        to = f"<sip:{NUMBER}@127.0.0.1>" + (f";tag={to_tag}" if to_tag else "")
+        body = self.sdp() if sdp else ""
+        return (
+            f"{method} sip:{NUMBER}@127.0.0.1:{self.server_port} SIP/2.0\r\n"
+            f"Via: SIP/2.0/UDP {via};branch=z9hG4bK{branch};rport\r\nMax-Forwards: 70\r\n"
+            f"From: <sip:{self.user}@{self.host}>;tag={from_tag}\r\nTo: {to}\r\n"
+            f"Call-ID: {call}\r\nCSeq: {cseq} {method}\r\n"
+            f"Contact: <sip:{self.user}@{self.host}:{self.sip_port}>\r\n"
+            + ("Content-Type: application/sdp\r\n" if body else "")
+            + f"Content-Length: {len(body)}\r\n\r\n{body}"
+        ).encode()
+
+    def send(self, *messages: bytes) -> None:
+        for message in messages:
+            self.sip.sendto(message, ("127.0.0.1", self.server_port))
+
+    def until(
+        self, done: Callable[[list[Response]], bool], within_s: float = 5.0
+    ) -> list[Response]:
+        """The responses received (requests to us are left aside) until `done(responses)`;
+        fails after `within_s`."""
+        seen: list[Response] = []
+        deadline = time.monotonic() + within_s
+        while not done(seen):
+            left = deadline - time.monotonic()
+            assert left > 0, f"{self.host}: timed out; got {[(r.status, r.method) for r in seen]}"
+            self.sip.settimeout(left)
+            try:
+                data = self.sip.recv(65535)
+            except TimeoutError:
+                continue
+            response = parse_response(data)
+            if response is not None:
+                seen.append(response)
+        return seen
+
+    def rtp_packets(self, count: int, within_s: float = 5.0) -> int:
+        """Wait for `count` RTP packets at this phone's RTP port; how many came (fails if
+        fewer within `within_s`)."""
+        got = 0
+        deadline = time.monotonic() + within_s
+        while got < count:
+            left = deadline - time.monotonic()
+            assert left > 0, f"{self.host}: {got} RTP packets of {count}"
+            self.rtp.settimeout(left)
+            with contextlib.suppress(TimeoutError):
+                self.rtp.recv(2048)
+                got += 1
+        return got
+
+    def rtp_waiting(self) -> int:
+        """The RTP packets that arrived and were not read yet (read now)."""
+        self.rtp.setblocking(False)
+        got = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                self.rtp.recv(2048)
+                got += 1
+        return got
+
+
+def final(*transactions: tuple[str, str]) -> Callable[[list[Response]], bool]:
+    """Whether a final response came for each (method, branch)."""
+    return lambda seen: all(
+        any(r.method == method and r.branch == branch and r.status >= 200 for r in seen)
+        for method, branch in transactions
+    )
+
+
+def of(seen: list[Response], method: str, branch: str | None = None) -> list[int]:
+    return [r.status for r in seen if r.method == method and branch in (None, r.branch)]
+
+
+# -- the server's side -------------------------------------------------------------------------
+
+
+def calls_of(server: Server, caller: str) -> list[dict[str, Any]]:
+    """The server's calls in progress (admitted ones included) from `caller` (a From user)."""
+    listed = httpx.get(f"{server.url}/calls").json()["calls"]
+    return [c for c in listed if c["transport"] == "sip" and c["caller"] == caller]
+
+
+def wait_until(condition: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def wait_logged(server: Server, fragment: str) -> None:
+    wait_until(lambda: any(fragment in line for line in list(server.log)), repr(fragment))
+
+
+def rtp_sockets(pid: int) -> int:
+    """The UDP sockets process `pid` holds on ports of the RTP range."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    with open(f"/proc/{pid}/net/udp") as table:
+        rows = [line.split() for line in table.read().splitlines()[1:]]
+    low, high = RTP_PORTS
+    return sum(low <= int(row[1].split(":")[1], 16) < high and row[9] in inodes for row in rows)
+
+
+def answered_call(phone: Phone, call: str) -> Response:
+    """Place a call and ACK its 200; the 200."""
+    phone.send(phone.request("INVITE", call, f"{call}-1", sdp=True))
+    seen = phone.until(final(("INVITE", f"{call}-1")))
+    [ok] = [r for r in seen if r.method == "INVITE" and r.status >= 200]
+    assert ok.status == 200, ok.text
+    phone.send(phone.request("ACK", call, f"{call}-ack", to_tag=ok.to_tag))
+    return ok
+
+
+def hang_up(server: Server, phone: Phone, call: str, to_tag: str | None) -> None:
+    """The caller's BYE: 200, and the call is gone from the server."""
+    phone.send(phone.request("BYE", call, f"{call}-bye", cseq=9, to_tag=to_tag))
+    assert of(phone.until(final(("BYE", f"{call}-bye"))), "BYE") == [200]
+    wait_until(lambda: not calls_of(server, phone.user), f"{phone.user}'s call to end")
+
+
+# -- the tests ---------------------------------------------------------------------------------
+
+
+def test_a_strangers_reinvite_is_refused_and_the_media_stays_with_the_caller(
+    sip_server: tuple[Server, int],
+) -> None:
+    server, port = sip_server
+    caller = Phone("127.0.0.1", port, "reinvited")
+    stranger = Phone("127.0.0.2", port, "stranger")
+    call = "reinvite-call"
+    try:
+        ok = answered_call(caller, call)
+        caller.rtp_packets(10)  # the bot's RTP (silence) flows to the caller
+        # the stranger knows the Call-ID and both tags, and offers its own RTP address
+        move = stranger.request("INVITE", call, "move", cseq=2, to_tag=ok.to_tag, sdp=True)
+        stranger.send(move)
+        assert of(stranger.until(final(("INVITE", "move"))), "INVITE") == [403]
+        wait_logged(server, "sip: INVITE from 127.0.0.2 refused")
+        caller.rtp_waiting()
+        assert caller.rtp_packets(25) == 25  # the media still goes to the caller...
+        assert stranger.rtp_waiting() == 0  # ...and none to the stranger
+        hang_up(server, caller, call, ok.to_tag)
+    finally:
+        caller.close()
+        stranger.close()
+
+
+def test_a_strangers_bye_and_update_are_refused_and_the_call_goes_on(
+    sip_server: tuple[Server, int],
+) -> None:
+    server, port = sip_server
+    caller = Phone("127.0.0.1", port, "byed")
+    stranger = Phone("127.0.0.3", port, "stranger")
+    call = "bye-call"
+    try:
+        ok = answered_call(caller, call)
+        [listed] = calls_of(server, "byed")
+        stranger.send(stranger.request("BYE", call, "bye", cseq=3, to_tag=ok.to_tag))
+        stranger.send(stranger.request("UPDATE", call, "upd", cseq=4, to_tag=ok.to_tag))
+        seen = stranger.until(final(("BYE", "bye"), ("UPDATE", "upd")))
+        assert (of(seen, "BYE"), of(seen, "UPDATE")) == ([403], [403])
+        wait_logged(server, "sip: BYE from 127.0.0.3 refused")
+        caller.rtp_waiting()
+        caller.rtp_packets(25)  # the call goes on
+        detail = httpx.get(f"{server.url}/calls/{listed['call_id']}").json()
+        assert detail["state"] != "ended", detail
+        hang_up(server, caller, call, ok.to_tag)  # and ends with the caller's own BYE
+    finally:
+        caller.close()
+        stranger.close()
+
+
+def test_a_ringing_call_is_cancelled_only_by_its_caller_and_by_its_invites_branch(
+    sip_server: tuple[Server, int],
+) -> None:
+    server, port = sip_server
+    caller = Phone("127.0.0.1", port, "ringing")
+    stranger = Phone("127.0.0.4", port, "stranger")
+    call = "ringing-call"
+    try:
+        caller.send(caller.request("INVITE", call, "ring-1", sdp=True))
+        caller.until(lambda seen: 180 in of(seen, "INVITE"))
+        # the INVITE's own branch and Via, copied, from elsewhere and with another tag
+        cancel = stranger.request(
+            "CANCEL", call, "ring-1", from_tag="other-tag", sent_by=f"127.0.0.1:{caller.sip_port}"
+        )
+        stranger.send(cancel)
+        assert of(stranger.until(final(("CANCEL", "ring-1"))), "CANCEL") == [403]
+        wait_logged(server, "sip: CANCEL from 127.0.0.4 refused")
+        # from the caller's address, but for a transaction that does not exist: 481
+        caller.send(caller.request("CANCEL", call, "ring-2"))
+        seen = caller.until(final(("CANCEL", "ring-2"), ("INVITE", "ring-1")))
+        assert of(seen, "CANCEL") == [481]
+        assert of(seen, "INVITE") == [200]  # the call is answered all the same
+        [ok] = [r for r in seen if r.method == "INVITE"]
+        caller.send(caller.request("ACK", call, "ring-ack", to_tag=ok.to_tag))
+        hang_up(server, caller, call, ok.to_tag)
+    finally:
+        caller.close()
+        stranger.close()
+
+
+def test_a_cancel_right_behind_its_invite_always_wins_and_keeps_nothing(
+    sip_server: tuple[Server, int],
+) -> None:
+    server, port = sip_server
+    caller = Phone("127.0.0.1", port, "hasty")
+    rtp_before = rtp_sockets(server.process.pid)
+    try:
+        for n in range(20):
+            call, branch = f"race{n}-call", f"race{n}"
+            caller.send(  # one burst: the CANCEL arrives while the INVITE is being admitted
+                caller.request("INVITE", call, branch, sdp=True),
+                caller.request("CANCEL", call, branch),
+            )
+            seen = caller.until(final(("INVITE", branch), ("CANCEL", branch)))
+            assert [s for s in of(seen, "CANCEL") if s >= 200] == [200], (n, seen)
+            assert [s for s in of(seen, "INVITE") if s >= 200] == [487], (n, seen)
+            caller.send(caller.request("ACK", call, branch))  # the 487's ACK
+        # nothing kept: no call admitted, no RTP port open, and both slots are free
+        wait_until(lambda: not calls_of(server, "hasty"), "the cancelled calls to go")
+        assert rtp_sockets(server.process.pid) == rtp_before
+        second = Phone("127.0.0.1", port, "hasty-too")
+        try:
+            first_ok, second_ok = (
+                answered_call(caller, "after1-call"),
+                answered_call(second, "after2-call"),
+            )
+            hang_up(server, caller, "after1-call", first_ok.to_tag)
+            hang_up(server, second, "after2-call", second_ok.to_tag)
+        finally:
+            second.close()
+    finally:
+        caller.close()
+
+
+def test_a_second_invite_with_a_calls_call_id_makes_no_second_call(
+    sip_server: tuple[Server, int],
+) -> None:
+    server, port = sip_server
+    caller = Phone("127.0.0.1", port, "twice")
+    call = "twice-call"
+    try:
+        caller.send(  # the same request forked over two paths: two branches, one Call-ID
+            caller.request("INVITE", call, "fork-a", sdp=True),
+            caller.request("INVITE", call, "fork-b", sdp=True),
+        )
+        seen = caller.until(final(("INVITE", "fork-a"), ("INVITE", "fork-b")))
+        finals = {r.branch: r for r in seen if r.status >= 200}
+        assert (finals["fork-a"].status, finals["fork-b"].status) == (200, 482)
+        wait_logged(server, "its Call-ID is in use (482)")
+        caller.send(caller.request("ACK", call, "fork-ack", to_tag=finals["fork-a"].to_tag))
+        assert len(calls_of(server, "twice")) == 1
+        # a retransmission of the answered INVITE makes no call either
+        caller.send(caller.request("INVITE", call, "fork-a", sdp=True))
+        hang_up(server, caller, call, finals["fork-a"].to_tag)  # the one call ends
+    finally:
+        caller.close()
+
+
+def test_a_refusal_a_flood_repeats_is_logged_now_and_then(caplog: pytest.LogCaptureFixture) -> None:
+    from voice.server.routes.sip_calls import WARN_EVERY_S  # new with the fix
+    from voice.throttle import LogThrottle
+
+    now = [0.0]
+    warnings = LogThrottle(every_s=WARN_EVERY_S, clock=lambda: now[0])
+    sip_log = logging.getLogger("voice.server.routes.sip")
+    with caplog.at_level(logging.WARNING, logger="voice.server.routes.sip"):
+        for _ in range(50):
+            warnings.warn(sip_log, "cancel", "sip: CANCEL from %s refused", "127.0.0.5")
+        warnings.warn(sip_log, "ack", "sip: ACK from %s dropped", "127.0.0.5")  # its own kind
+        now[0] = WARN_EVERY_S
+        warnings.warn(sip_log, "cancel", "sip: CANCEL from %s refused", "127.0.0.6")
+    assert [r.getMessage() for r in caplog.records] == [
+        "sip: CANCEL from 127.0.0.5 refused",
+        "sip: ACK from 127.0.0.5 dropped",
+        "sip: CANCEL from 127.0.0.6 refused (49 more like it left out)",
+    ]
