@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from tests.support.rtp_inbox import Inbox
 from voice.audio import PCM, alaw_decode, alaw_encode
 from voice.transports.sip.jitter import JitterBuffer
 from voice.transports.sip.rtp import (
@@ -276,30 +277,6 @@ def test_jitter_resynchronises_on_a_sender_restart() -> None:
 
 
 # -- RtpSession over loopback UDP -------------------------------------------------------------
-
-
-class Inbox:
-    """What a session hands its callbacks; awaitable until enough has come."""
-
-    def __init__(self) -> None:
-        self.audio: list[PCM] = []
-        self.digits: list[str] = []
-        self._arrived = asyncio.Event()
-
-    def on_audio(self, pcm: PCM, at: float) -> None:
-        self.audio.append(pcm)
-        self._arrived.set()
-
-    def on_dtmf(self, digit: str, at: float) -> None:
-        self.digits.append(digit)
-        self._arrived.set()
-
-    async def frames(self, count: int) -> list[PCM]:
-        async with asyncio.timeout(WAIT_S):
-            while len(self.audio) < count:
-                self._arrived.clear()
-                await self._arrived.wait()
-        return self.audio
 
 
 async def _session(inbox: Inbox, remote: tuple[str, int] | None, codec: str = "PCMU") -> RtpSession:

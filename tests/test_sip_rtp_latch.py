@@ -21,6 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.support.rtp_inbox import Inbox
 from tests.support.server import Server, free_port, logged, start_server, stop_server
 from tests.support.speech import concat, piper, resample, silence
 from voice.audio import PCM
@@ -34,25 +35,6 @@ CALLER = "127.0.0.1"
 WAIT_S = 5.0
 CALLER_PAYLOAD = b"\xff" * 160  # μ-law silence: decodes to (almost) 0
 STRANGER_PAYLOAD = b"\x00" * 160  # μ-law full scale: decodes to -32124
-
-
-class Inbox:
-    """What a session hands its audio callback; awaitable until enough has come."""
-
-    def __init__(self) -> None:
-        self.audio: list[PCM] = []
-        self._arrived = asyncio.Event()
-
-    def on_audio(self, pcm: PCM, at: float) -> None:
-        self.audio.append(pcm)
-        self._arrived.set()
-
-    async def frames(self, count: int) -> list[PCM]:
-        async with asyncio.timeout(WAIT_S):
-            while len(self.audio) < count:
-                self._arrived.clear()
-                await self._arrived.wait()
-        return self.audio
 
 
 def udp(host: str) -> socket.socket:
