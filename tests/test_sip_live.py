@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import websockets
 
@@ -46,7 +48,7 @@ def sip_server() -> Iterator[tuple[Server, int]]:
         }
     )
     yield server, port
-    stop_server(server)
+    stopped_cleanly(server)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,15 @@ def digest_server() -> Iterator[tuple[Server, int]]:
         }
     )
     yield server, port
-    stop_server(server)
+    stopped_cleanly(server)
+
+
+def stopped_cleanly(server: Server) -> None:
+    """Stop a module's server and require a clean exit (0: every call closed, nothing crashed
+    on the way out)."""
+    code = stop_server(server)
+    tail = "\n".join(server.log[-30:])
+    assert code == 0, f"hotline serve exited {code}; its last lines:\n{tail}"
 
 
 def words(pcm: PCM) -> set[str]:
@@ -107,7 +117,8 @@ async def test_a_call_hears_the_greeting_gets_an_answer_and_ends_with_the_caller
     sip_server: tuple[Server, int], tmp_path: Path
 ) -> None:
     server, port = sip_server
-    speech = concat(silence(4000), piper("I would like to book a table for two."), silence(9000))
+    # baresip hangs up when its audio file ends: long enough for the test to hang up first
+    speech = concat(silence(4000), piper("I would like to book a table for two."), silence(30_000))
     caller = Baresip(tmp_path / "baresip", speech)
     try:
         call_id = await dial(server, port, caller)
@@ -118,9 +129,10 @@ async def test_a_call_hears_the_greeting_gets_an_answer_and_ends_with_the_caller
         [turn] = call["records"]
         assert "table" in turn["caller_text"].lower()
         assert "table" in turn["reply_text"].lower()  # the simulator says what it heard
+        mark = server.log_mark()
         await caller.command("hangup")
         await caller.wait_logged("terminated (duration")
-        await logged(server, f"call {call_id}: hang-up (caller hung up (BYE))")
+        await logged(server, f"call {call_id}: hang-up (caller hung up (BYE))", since=mark)
         ended = await until(server, call_id, lambda d: d["state"] == "ended")
         assert ended["end_reason"] == "caller hung up (BYE)"
     finally:
@@ -147,17 +159,21 @@ async def test_keys_reach_the_call_and_a_hang_up_from_the_server_sends_bye(
     caller = Baresip(tmp_path / "baresip", silence(20_000))
     try:
         call_id = await dial(server, port, caller)
+        mark = server.log_mark()
         await caller.command("sndcode", "7")
-        await logged(server, f"call {call_id}: DTMF 7")
+        await logged(server, f"call {call_id}: DTMF 7", since=mark)
+        mark = server.log_mark()
         await caller.command("hold")
-        await logged(server, f"sip: call {call_id} on hold")
+        await logged(server, f"sip: call {call_id} on hold", since=mark)
+        mark = server.log_mark()
         await caller.command("resume")
-        await logged(server, f"sip: call {call_id} resumed")
+        await logged(server, f"sip: call {call_id} resumed", since=mark)
+        mark = server.log_mark()
         async with httpx.AsyncClient() as client:
             hung_up = await client.post(f"{server.url}/calls/{call_id}/hangup")
         assert hung_up.status_code == 200
         await caller.wait_logged("session closed")  # baresip got our BYE
-        await logged(server, f"sip: call {call_id}: BYE answered 200")
+        await logged(server, f"sip: call {call_id}: BYE answered 200", since=mark)
     finally:
         caller.stop()
 
@@ -174,6 +190,7 @@ async def test_a_transfer_refers_the_caller_to_a_person(
         desk.start()
         call_id = await dial(server, port, caller)
         target = f"sip:desk@127.0.0.1:{desk.sip_port}"
+        mark = server.log_mark()
         async with httpx.AsyncClient() as client:
             asked = await client.post(
                 f"{server.url}/calls/{call_id}/transfer", json={"target": target}
@@ -186,28 +203,101 @@ async def test_a_transfer_refers_the_caller_to_a_person(
         desk.stop()
     assert ended["transfer"]["to"] == target
     assert ended["transfer"]["outcome"] == "SIP/2.0 200 OK"
-    assert ended["end_reason"] in (f"transferred to {target}", "caller hung up (BYE)")
-    await logged(server, f"sip: call {call_id}: REFER to {target}: SIP/2.0 200 OK")
+    # then the bot leaves: its own BYE ends the call (the caller's side waits for it)
+    assert ended["end_reason"] == f"transferred to {target}"
+    await logged(
+        server,
+        f"sip: call {call_id}: REFER to {target}: SIP/2.0 200 OK",
+        f"sip: call {call_id}: BYE answered 200",
+        since=mark,
+    )
 
 
-async def test_barge_in_stops_the_reply(sip_server: tuple[Server, int], tmp_path: Path) -> None:
+WIRE_FRAME = 160  # 20 ms of G.711 at 8 kHz, as baresip's dump holds it
+# How far the caller's count of reply audio may stand from the position the history was cut at:
+# the count misses the end of a cut that fell in a pause (up to piper's ~0.25 s between
+# pieces) and piper's lengths vary by a few per cent from one synthesis to the next. The cut
+# falls about 2 s into the reply's first sentence (3.4 s: "You said: Hello, ..."), so a history
+# cut at the sentence's end or the one after, or before it began, is over a second away.
+HEARD_TOLERANCE_S = 0.45
+
+
+def reply_frames_heard(dump: Path, after_s: float, before_s: float) -> int:
+    """How many 20 ms frames of reply audio the caller received between `after_s` and
+    `before_s` of its recording: frames with anything but the line's idle value in them (the
+    server sends digital silence whenever no reply is playing: one μ-law code, which baresip
+    decodes to one constant sample value, the commonest in the recording)."""
+    heard = read_wav(dump, rate=8000)
+    idle = int(np.bincount(heard.astype(np.int64) + 32768).argmax()) - 32768
+    part = heard[int(after_s * 8000) : int(before_s * 8000)]
+    assert len(part) >= (before_s - after_s) * 8000 - WIRE_FRAME, "the recording ends early"
+    frames = part[: len(part) // WIRE_FRAME * WIRE_FRAME].reshape(-1, WIRE_FRAME)
+    return int(np.count_nonzero((frames != idle).any(axis=1)))
+
+
+def claimed_span_s(generated: str, history: str) -> tuple[float, float]:
+    """Where, in seconds of reply audio, the playback must have stopped for the history to be
+    `history`: the sentences before the cut in full, and of the sentence cut into the share
+    of its audio that the share of its words kept stands for (one more word is not kept).
+    Sentence lengths are piper's own for each sentence, synthesized here."""
+    said = history.removesuffix("—").split()
+    spoken = generated.split()
+    assert spoken[: len(said)] == said, f"the history {history!r} is not what was said first"
+    done_s = 0.0
+    for sentence in re.split(r"(?<=[.!?])\s+", generated.strip()):
+        words_in = len(sentence.split())
+        length_s = len(piper(sentence)) / SAMPLE_RATE
+        if len(said) < words_in:
+            return (
+                done_s + length_s * len(said) / words_in,
+                done_s + length_s * (len(said) + 1) / words_in,
+            )
+        said = said[words_in:]
+        done_s += length_s
+    return done_s, float("inf")  # all of it
+
+
+async def test_barge_in_stops_the_reply_and_the_history_holds_what_the_caller_heard(
+    sip_server: tuple[Server, int], tmp_path: Path
+) -> None:
+    """The history of an interrupted reply is what the softphone received: the reply audio
+    in baresip's recording, counted in 20 ms frames, stands where the history says the reply
+    was cut (a history cut a sentence late or early is a second or more away)."""
     server, port = sip_server
     first = piper("Hello, I have a question about my delivery.")
     again = piper("Sorry, wait, I have something else.")
-    # the second sentence starts 2.5 s after the first ends: while the reply is playing
+    # the second sentence starts 2.5 s after the first ends: while the reply is playing; the
+    # caller hangs up 8 s after it (baresip ends the call when its audio file ends)
     speech = concat(silence(4000), first, silence(2500), again, silence(8000))
     caller = Baresip(tmp_path / "baresip", speech)
     try:
+        mark = server.log_mark()
         call_id = await dial(server, port, caller)
-        call = await until(server, call_id, lambda d: len(d.get("records", [])) >= 2)
-        await caller.command("hangup")
-        await logged(server, f"call {call_id}: hang-up (caller hung up (BYE))")
+        call = await until(server, call_id, lambda d: d["state"] == "ended")
+        await logged(server, f"call {call_id}: hang-up (caller hung up (BYE))", since=mark)
     finally:
         caller.stop()
+    assert len(call["records"]) == 2, call["records"]
     cut = call["records"][0]
     assert cut["interrupted"] is True
     assert len(cut["reply_text"]) < len(cut["generated_text"])
+    assert call["history"][2] == {"role": "assistant", "content": cut["reply_text"]}
     assert "something" in call["records"][1]["caller_text"].lower()
+    # The caller's side: the first reply plays after the first sentence and is cut while the
+    # second is spoken; the second reply cannot start before the second sentence has ended.
+    dump = caller.heard()
+    assert dump is not None
+    first_end_s = (4000 + len(first) * 1000 // SAMPLE_RATE) / 1000
+    again_end_s = first_end_s + 2.5 + len(again) / SAMPLE_RATE
+    heard_s = reply_frames_heard(dump, first_end_s, again_end_s - 0.3) * WIRE_FRAME / 8000
+    low_s, high_s = claimed_span_s(cut["generated_text"], cut["reply_text"])
+    print(f"\nthe caller heard {heard_s:.2f} s of the reply; the history {cut['reply_text']!r}")
+    print(f"says {low_s:.2f}-{high_s:.2f} s of {cut['generated_text']!r}")
+    assert low_s - HEARD_TOLERANCE_S <= heard_s <= high_s + HEARD_TOLERANCE_S, (
+        f"the caller heard {heard_s:.2f} s of the reply, but its history "
+        f"{cut['reply_text']!r} stands for {low_s:.2f}-{high_s:.2f} s "
+        f"of {cut['generated_text']!r}"
+    )
 
 
 async def test_an_unlisted_source_is_refused(
@@ -217,9 +307,12 @@ async def test_an_unlisted_source_is_refused(
     stranger = Baresip(tmp_path / "baresip", silence(1000), local_ip="127.0.0.2")
     try:
         stranger.start()
+        mark = server.log_mark()
         await stranger.command("dial", f"sip:{NUMBER}@127.0.0.1:{port}")
         await stranger.wait_logged("403 Forbidden")
-        await logged(server, "sip: INVITE from 127.0.0.2 refused: not an allowed source")
+        await logged(
+            server, "sip: INVITE from 127.0.0.2 refused: not an allowed source", since=mark
+        )
     finally:
         stranger.stop()
 
@@ -234,6 +327,47 @@ def udp_exchange(port: int, message: bytes, source: str = "127.0.0.1") -> bytes 
             return sock.recv(65535)
         except TimeoutError:
             return None
+
+
+def unanswered_then_ping(port: int, garbage: bytes, branch: str) -> bytes:
+    """Send `garbage`, then an OPTIONS, from one socket: the first datagram that comes back.
+    It is the OPTIONS' answer when the garbage got none (the server reads a socket's datagrams
+    in order, and drops a malformed one as it parses it), with no 2 s wait for nothing."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(5.0)
+        sock.sendto(garbage, ("127.0.0.1", port))
+        sock.sendto(options(port, branch), ("127.0.0.1", port))
+        return sock.recv(65535)
+
+
+def until_final(port: int, message: bytes) -> list[str]:
+    """Send a request; every response up to its final one (status 200 or more), in full."""
+    seen: list[str] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(5.0)
+        sock.sendto(message, ("127.0.0.1", port))
+        deadline = time.monotonic() + 10
+        while not seen or int(seen[-1].split(" ", 2)[1]) < 200:
+            try:
+                seen.append(sock.recv(65535).decode())
+            except TimeoutError:
+                raise AssertionError(f"no final response; the responses: {seen}") from None
+            assert time.monotonic() < deadline, f"no final response; the responses: {seen}"
+        return seen
+
+
+def status_line(response: str) -> str:
+    return response.split("\r\n", 1)[0]
+
+
+def header(response: str, name: str) -> str | None:
+    for line in response.split("\r\n\r\n", 1)[0].split("\r\n")[1:]:
+        key, _, value = line.partition(":")
+        if key.strip().lower() == name.lower():
+            return value.strip()
+    return None
 
 
 def options(port: int, branch: str) -> bytes:
@@ -251,14 +385,14 @@ async def test_options_keepalives_and_malformed_messages(sip_server: tuple[Serve
     answer = await asyncio.to_thread(udp_exchange, port, options(port, "ping1"))
     assert answer is not None and answer.startswith(b"SIP/2.0 200 OK")
     assert b"Allow: INVITE, ACK, BYE, CANCEL, OPTIONS" in answer
-    for garbage in [
-        b"\x00\xff" * 40,
-        b"INVITE sip:x SIP/2.0\r\n\r\n",
-        b"SIP/2.0 999\r\n",
-        b"A" * 9000,
-    ]:
-        assert await asyncio.to_thread(udp_exchange, port, garbage) is None
-    await logged(server, "sip: malformed message")
+    garbage = [b"\x00\xff" * 40, b"INVITE sip:x SIP/2.0\r\n\r\n", b"SIP/2.0 999\r\n", b"A" * 9000]
+    for n, message in enumerate(garbage):
+        mark = server.log_mark()
+        first = await asyncio.to_thread(unanswered_then_ping, port, message, f"after{n}")
+        assert first.startswith(b"SIP/2.0 200 OK"), first[:200]  # nothing for the garbage
+        assert f"Call-ID: after{n}@pbx".encode() in first
+        # logged for the first 5 in a process (then every 100th): no other test sends garbage
+        await logged(server, "sip: malformed message #", since=mark)
     # an INVITE whose SDP offers nothing we speak: 488, and the endpoint still answers
     invite = (
         f"INVITE sip:{NUMBER}@127.0.0.1:{port} SIP/2.0\r\n"
@@ -269,11 +403,21 @@ async def test_options_keepalives_and_malformed_messages(sip_server: tuple[Serve
         "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
         "m=audio 4000 RTP/AVP 9\r\na=rtpmap:9 G722/8000\r\n"
     ).encode()
-    refused = await asyncio.to_thread(udp_exchange, port, invite)
-    assert refused is not None and refused.startswith(b"SIP/2.0 100 Trying")
+    mark = server.log_mark()
+    responses = await asyncio.to_thread(until_final, port, invite)
+    assert [status_line(r) for r in responses] == [
+        "SIP/2.0 100 Trying",
+        "SIP/2.0 488 Not Acceptable Here",
+    ]
+    warning = header(responses[-1], "Warning")
+    assert warning is not None and warning.startswith('399 hotline "no common codec'), warning
+    await logged(server, "sip: INVITE from 127.0.0.1 refused: no common codec", since=mark)
+    # an SDP that does not parse: 400 Bad Request (not 400 "Not Acceptable Here")
+    broken = invite.replace(b"inv1", b"inv2").replace(b"m=audio 4000 RTP/AVP 9", b"m=audio x")
+    responses = await asyncio.to_thread(until_final, port, broken)
+    assert [status_line(r) for r in responses] == ["SIP/2.0 100 Trying", "SIP/2.0 400 Bad Request"]
     again = await asyncio.to_thread(udp_exchange, port, options(port, "ping2"))
     assert again is not None and again.startswith(b"SIP/2.0 200 OK")
-    await logged(server, "sip: INVITE from 127.0.0.1 refused")
 
 
 def invite(port: int, call: str, media: str = "m=audio 4000 RTP/AVP 0\r\n") -> bytes:
@@ -316,11 +460,12 @@ def cancel_before_answer(port: int) -> tuple[list[str], list[str]]:
 
 async def test_cancel_before_the_answer(sip_server: tuple[Server, int]) -> None:
     server, port = sip_server
+    mark = server.log_mark()
     ringing, after = await asyncio.to_thread(cancel_before_answer, port)
     assert ringing == ["SIP/2.0 100 Trying", "SIP/2.0 180 Ringing"]
     assert "SIP/2.0 200 OK" in after  # the CANCEL's answer
     assert after[-1] == "SIP/2.0 487 Request Terminated"  # the INVITE's
-    await logged(server, "cancelled before the answer")
+    await logged(server, "cancelled before the answer", since=mark)
 
 
 async def test_a_pbx_elsewhere_gets_in_with_its_password(
@@ -337,19 +482,21 @@ async def test_a_pbx_elsewhere_gets_in_with_its_password(
     wrong = Baresip(tmp_path / "wrong", silence(5000), local_ip="127.0.0.2", auth=("pbx", "guess"))
     try:
         wrong.start()
+        mark = server.log_mark()
         await wrong.command("dial", f"sip:{NUMBER}@127.0.0.1:{port}")
         await wrong.wait_logged("403 Forbidden")
-        await logged(server, "sip: INVITE from 127.0.0.2 refused: wrong credentials")
+        await logged(server, "sip: INVITE from 127.0.0.2 refused: wrong credentials", since=mark)
     finally:
         wrong.stop()
 
 
 async def test_a_call_over_tcp(sip_server: tuple[Server, int], tmp_path: Path) -> None:
     server, port = sip_server
-    speech = concat(silence(4000), piper("Do you sell roses?"), silence(8000))
+    speech = concat(silence(4000), piper("Do you sell roses?"), silence(30_000))  # we hang up
     caller = Baresip(tmp_path / "baresip", speech)
     try:
         caller.start()
+        mark = server.log_mark()
         await caller.command("dial", f"sip:{NUMBER}@127.0.0.1:{port};transport=tcp")
         await caller.wait_logged("Call established")
         async with httpx.AsyncClient() as client:
@@ -357,9 +504,10 @@ async def test_a_call_over_tcp(sip_server: tuple[Server, int], tmp_path: Path) -
         call_id = max(listed, key=lambda c: c["started_at"])["call_id"]
         call = await until(server, call_id, lambda d: d.get("records"))
         assert "roses" in call["records"][0]["caller_text"].lower()
-        await logged(server, f"sip: call {call_id} from 127.0.0.1 over TCP")
+        await logged(server, f"sip: call {call_id} from 127.0.0.1 over TCP", since=mark)
+        mark = server.log_mark()
         await caller.command("hangup")
-        await logged(server, f"call {call_id}: hang-up (caller hung up (BYE))")
+        await logged(server, f"call {call_id}: hang-up (caller hung up (BYE))", since=mark)
     finally:
         caller.stop()
 
@@ -379,10 +527,11 @@ async def test_eight_simultaneous_calls_are_all_answered(
             listed = (await client.get(f"{server.url}/calls")).json()["calls"]
         ours = {c["caller"]: c["call_id"] for c in listed if c["transport"] == "sip"}
         assert {f"phone{n}" for n in range(8)} <= set(ours)
+        mark = server.log_mark()
         for phone in phones:
             await phone.command("hangup")
-        for n in range(8):
-            await logged(server, f"call {ours[f'phone{n}']}: hang-up (caller hung up (BYE))")
+        hang_ups = [f"call {ours[f'phone{n}']}: hang-up (caller hung up (BYE))" for n in range(8)]
+        await logged(server, *hang_ups, since=mark)
     finally:
         for phone in phones:
             phone.stop()
@@ -429,11 +578,12 @@ async def test_session_timers(
     sip_server: tuple[Server, int], digest_server: tuple[Server, int]
 ) -> None:
     server, port = digest_server  # accepts intervals from 1 s
+    mark = server.log_mark()
     ok, refreshed, expiry = await asyncio.to_thread(session_timer_call, port)
     assert "Session-Expires: 2;refresher=uac" in ok and "Require: timer" in ok
     assert "Session-Expires: 2;refresher=uac" in refreshed
     assert expiry.startswith("BYE ")
-    await logged(server, "session expired (no refresh)")
+    await logged(server, "session expired (no refresh)", since=mark)
     # under the server's minimum (90 s): 422 and the minimum
     _, small_port = sip_server
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:

@@ -242,7 +242,7 @@ class SipService(InCall):
                 request,
                 peer,
                 exc.status,
-                "Not Acceptable Here",
+                exc.reason,
                 [("Warning", f'399 hotline "{exc}"')],
             )
             return

@@ -128,7 +128,7 @@ class InCall:
             remote = parse_sdp(request.body)
             codec, dtmf = choose(remote, [call.rtp.codec.name])
         except SdpError as exc:
-            self._reply(request, peer, exc.status, "Not Acceptable Here")
+            self._reply(request, peer, exc.status, exc.reason)
             return
         if call.timer is not None:
             call.timer.refresh()
