@@ -22,6 +22,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from pipeline.sentences import SentenceSplitter
 from tests.support.provider_phone import TestPhone
 from tests.support.providers import PCM, TelnyxWire, TwilioWire, VonageWire, Wire
 from tests.support.server import Server
@@ -38,6 +39,13 @@ _FRAME_S = 0.02
 
 def words(text: str) -> set[str]:
     return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def pieces(text: str) -> list[str]:
+    """A reply's text as the server speaks it: one piece per TTS call, each followed by a mark
+    (the server's sentence splitter, default settings, as the test server runs it)."""
+    splitter = SentenceSplitter()
+    return splitter.push(text) + splitter.flush()
 
 
 def utterance(text: str) -> PCM:
@@ -133,6 +141,10 @@ async def test_a_call_with_barge_in_through_the_provider_route(
         if cut_in > time.monotonic():
             await asyncio.sleep(cut_in - time.monotonic())  # the script's timing, not a sync
         assert not phone.after("clear", 0), "clear before the caller cut in"
+        # The caller cuts in: the marks echoed until now are what it heard of the reply (each
+        # echo reached the server before anything the caller says next); none after it is.
+        phone.hold_echoes()
+        heard_marks = [name for _, name in phone.echoed]
         saying = phone.say(utterance(SECOND))
         clear = await phone.wait("clear", lambda h: h.kind == "clear", 10)
         second = await asyncio.wait_for(saying, 30)
@@ -159,8 +171,19 @@ async def test_a_call_with_barge_in_through_the_provider_route(
     assert len(records) == 2
     first_turn, second_turn = records
     assert first_turn["interrupted"]
-    assert first_turn["reply_text"], "the first sentence was played and its mark echoed"
-    assert len(first_turn["reply_text"]) < len(first_turn["generated_text"])
+    # The history holds exactly the pieces whose marks the caller echoed before it cut in: not
+    # one more (a mark sent but not echoed was not heard), not one fewer.
+    first_marks = [h.name for h in phone.heard if h.kind == "mark" and h.at < clear.at]
+    assert heard_marks and heard_marks == first_marks[: len(heard_marks)], (
+        heard_marks,
+        first_marks,
+    )
+    spoken = pieces(first_turn["generated_text"])
+    assert len(heard_marks) < len(spoken), ("the reply was cut", heard_marks, spoken)
+    assert first_turn["reply_text"] == " ".join(spoken[: len(heard_marks)]), (
+        f"{len(heard_marks)} mark(s) echoed before the cut-in ({heard_marks}), "
+        f"of the pieces {spoken}; the history holds {first_turn['reply_text']!r}"
+    )
     assert words(second_turn["caller_text"]) & {"four", "4", "table"}
     assert not second_turn["interrupted"]
     assert_no_errors_logged(server, since)
@@ -201,12 +224,13 @@ async def test_bad_input_is_logged_and_the_route_keeps_serving(
         await log_mentions(server, since, route, list(junk))
         await asyncio.wait_for(phone.say(utterance(SHORT)), 30)
         await poll_call(server, wire.call_id, "one turn", lambda d: len(d["records"]) == 1)
-        await phone.send(wire.oversized)
+        # The phone sends nothing after the oversized frame: uvicorn answers it with its close
+        # frame and shuts the socket at once, the rest of the frame unread, which resets the
+        # connection; a write of ours after the reset (the next 20 ms of audio) would drop the
+        # close frame unread (the 1006 once seen in CI).
+        await phone.send_last(wire.oversized)
         await asyncio.wait_for(phone.closed.wait(), 10)
-        # 1009, unless the connection was reset first: uvicorn sends its close frame and shuts
-        # the socket at once, with the rest of the oversized frame unread, and on a loaded
-        # runner the reset can overtake the close frame (seen once in CI: 1006).
-        assert socket.close_code in (1009, 1006)
+        assert socket.close_code == 1009, (socket.close_code, socket.close_reason)
     detail = await poll_call(server, wire.call_id, "ended", lambda d: d["state"] == "ended")
     assert detail["transport"] == provider
     assert len(detail["records"]) == 1 and detail["records"][0]["reply_text"]

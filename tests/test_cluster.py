@@ -50,7 +50,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TWILIO_TOKEN = "cluster-twilio-auth-token"
 HEARTBEAT_S, TTL_S = 0.5, 1.5
 CLUSTER_LIMIT = 5
-SCHEDULING_MARGIN_S = 0.5  # the reaper's own beat, the API round trip, a loaded 2-core runner
 OUTAGE_S = 5.0
 
 FIRST = "Please book a table for two people tonight."
@@ -459,12 +458,13 @@ async def test_sigkill_marks_the_call_lost_within_twice_the_ttl_with_every_finis
         on_b = await eventually(lambda: recorded(http_b, call_id), 10, "the call listed on B")
         assert on_b["worker_id"] == c.worker_id
 
+        killed = time.time()  # C's last heartbeat came before this
         c.server.process.send_signal(signal.SIGKILL)
-        killed = time.monotonic()
         lost = await eventually(has_state(http_b, call_id, "lost"), 4 * TTL_S + 5, "lost")
-        took = time.monotonic() - killed
+        # Timed by the reaper's own record (the same wall clock), not by this poll.
+        took = lost["ended_at"] - killed
         print(f"\ncall marked lost {took:.2f} s after SIGKILL (TTL {TTL_S} s)")
-        assert took <= 2 * TTL_S + SCHEDULING_MARGIN_S
+        assert took <= 2 * TTL_S, f"marked lost {took:.2f} s after SIGKILL (TTL {TTL_S} s)"
         assert await asyncio.to_thread(c.server.process.wait, 10) == -signal.SIGKILL
 
     assert lost["worker_id"] == c.worker_id and lost["ended_at"] is not None

@@ -49,9 +49,6 @@ class UnconfirmedLine(PhoneLine):
         await self._cleared.wait()  # no confirmation ever comes; only a clear ends the wait
         raise PlaybackCleared
 
-    async def wait_sent(self, position: int) -> float:
-        return await PhoneLine.wait_played(self, position)
-
 
 class SlowTTS(ToneTTS):
     """Synthesis that takes `delay_s`; `started` is set when the first sentence goes in."""
@@ -59,8 +56,11 @@ class SlowTTS(ToneTTS):
     def __init__(self, delay_s: float) -> None:
         self.delay_s = delay_s
         self.started = asyncio.Event()
+        self.started_at = 0.0
 
     async def synthesize(self, text: str, urgent: bool = False) -> PCM:
+        if not self.started.is_set():
+            self.started_at = time.monotonic()
         self.started.set()
         await asyncio.sleep(self.delay_s)
         return await super().synthesize(text, urgent)
@@ -95,6 +95,7 @@ class Call:
         self.stored: list[TurnRecord] = []  # what `on_turn` was given (the server's Redis writes)
         self.replying = asyncio.Event()  # the caller's words reached the LLM
         self.hung_up_at = 0.0
+        self.ended_at = 0.0
         self.conversation = Conversation(
             "hangup",
             line,
@@ -114,10 +115,22 @@ class Call:
         self.hung_up_at = time.monotonic()
         return HangUp("caller hung up")
 
-    async def run(self) -> list[TurnRecord]:
+    async def run(self, capped: bool = False) -> list[TurnRecord]:
+        """Run the call to its end. Cleanup after the hang-up waits for nothing but the last
+        words' transcript, for at most `hang_up_stt_s`: without `capped` (a transcript that
+        comes within the cap), it ends before the cap runs out, and after every transcription
+        under way has finished. Each test also checks that it ended before anything else the
+        timeline scripts (a first token, a synthesis) could have happened."""
         await asyncio.wait_for(self.conversation.run(), 30)
-        # Cleanup after the hang-up waits for nothing but the last words' transcript.
-        assert time.monotonic() - self.hung_up_at < 1.5
+        self.ended_at = time.monotonic()
+        took = self.ended_at - self.hung_up_at
+        cap = self.conversation.settings.hang_up_stt_s
+        if capped:
+            assert took >= cap, f"ended {took:.3f} s after the hang-up, before the {cap} s cap"
+        else:
+            assert took < cap, f"ended {took:.3f} s after the hang-up: waited out the {cap} s cap"
+            assert len(self.stt.finished_at) == len(self.stt.called_at), "a transcription left"
+            assert all(at <= self.ended_at for at in self.stt.finished_at)
         assert self.stored == self.conversation.records
         return self.conversation.records
 
@@ -134,11 +147,13 @@ def unheard(record: TurnRecord) -> None:
 async def test_reply_sent_but_never_confirmed_played_is_recorded_as_unheard() -> None:
     line = UnconfirmedLine()
     call = Call(line, ScriptedSTT(["table for two"]), ScriptedLLM(["Table booked."]))
+    left: list[float] = []
 
     async def caller(_: PhoneLine) -> AsyncIterator[InboundEvent]:
         async for event in speak(utterance("A table for two please")):
             yield event
         await line.queued.wait()
+        left.append(line.sent_due(1))  # the reply's first frame
         await line.wait_sent(line.queued_samples)  # the whole reply went out, unconfirmed
         yield call.hang_up()
 
@@ -147,7 +162,10 @@ async def test_reply_sent_but_never_confirmed_played_is_recorded_as_unheard() ->
     unheard(record)
     assert record.caller_text == "table for two"
     assert record.generated_text.strip() == "Table booked."
-    assert "first_audio" in record.timings_ms
+    # First audio is when the reply's first frame left, though none of it was confirmed played.
+    zero = record.started_at + (time.monotonic() - time.time())  # the end of the speech
+    first_audio_at = zero + record.timings_ms["first_audio"] / 1e3
+    assert abs(first_audio_at - left[0]) < 0.002, (first_audio_at - zero, left[0] - zero)
     assert call.history() == [("user", "table for two")]
     assert call.llm.streams[0].closed
     bot = [e for e in line.events if e["type"] == "transcript" and e["role"] == "bot"]
@@ -193,6 +211,7 @@ async def test_hang_up_during_synthesis_is_recorded_with_what_was_generated() ->
     assert record.caller_text == "hello"
     assert record.generated_text.strip().startswith("Hi there.")
     assert line.queued_samples == 0
+    assert call.ended_at < tts.started_at + tts.delay_s  # the synthesis was not waited for
     assert call.history() == [("user", "hello")]
 
 
@@ -213,8 +232,20 @@ async def test_hang_up_during_transcription_waits_for_the_words_and_records_them
     [record] = await call.run()
     unheard(record)
     assert record.caller_text == "cancel my booking" and record.generated_text == ""
-    assert record.stt_inference_ms == 1000.0
     assert list(record.timings_ms) == ["endpoint", "stt"]
+    # The turn's clock: the transcript is timed when it came, after the hang-up, not when the
+    # caller hung up; the turn ended (and was timed) before the transcription finished.
+    zero = record.started_at + (time.monotonic() - time.time())  # the end of the speech
+    endpoint_at = zero + record.timings_ms["endpoint"] / 1e3
+    stt_at = zero + record.timings_ms["stt"] / 1e3
+    finished = stt.finished_at[0]
+    since = {
+        "turn ended": endpoint_at - zero,
+        "hung up": call.hung_up_at - zero,
+        "transcribed": finished - zero,
+        "timed": stt_at - zero,
+    }  # seconds after the end of the speech
+    assert endpoint_at < call.hung_up_at < finished <= stt_at + 0.001, since
     assert len(stt.called_at) == 1  # the transcription under way was awaited, not redone
     assert call.llm.requests == []  # nothing is asked of the LLM once the caller is gone
     assert call.history() == [("user", "cancel my booking")]
@@ -299,5 +330,6 @@ async def test_a_transcription_that_never_ends_does_not_hold_up_the_hang_up() ->
         yield call.hang_up()
 
     line.script = caller
-    assert await call.run() == []
+    assert await call.run(capped=True) == []
+    assert call.ended_at < stt.called_at[0] + stt.delay_s  # the transcription was given up
     assert call.history() == []

@@ -34,10 +34,12 @@ class ScriptedSTT:
         self.delay_s = delay_s
         self.heard_seconds: list[float] = []
         self.called_at: list[float] = []
+        self.finished_at: list[float] = []
 
     async def transcribe(self, audio: PCM, urgent: bool | Urgency = True) -> Transcript:
         self.called_at.append(time.monotonic())
         await asyncio.sleep(self.delay_s)
+        self.finished_at.append(time.monotonic())
         self.heard_seconds.append(len(audio) / SAMPLE_RATE)
         return Transcript(self.texts.pop(0), len(audio) / SAMPLE_RATE, self.delay_s)
 
@@ -193,58 +195,96 @@ class ToneTTS:
 
 
 class PhoneLine:
-    """A transport that plays queued audio in real time and feeds a scripted caller."""
+    """A transport that plays queued audio in real time and feeds a scripted caller.
 
-    def __init__(self) -> None:
+    Like a phone stream (voice/transports/phone/stream.py), it sends reply audio in 20 ms frames
+    on a real-time schedule, each frame up to `lead_s` ahead of its slot and never before it was
+    queued: a frame is *sent* when it leaves, *played* once its slot has passed. `clear()` drops
+    what has not played, sent or not (the provider's buffer with it).
+    """
+
+    FRAME = 320  # 20 ms at 16 kHz
+
+    def __init__(self, lead_s: float = 0.2) -> None:
         self.script: Callable[[PhoneLine], AsyncIterator[InboundEvent]] | None = None
         self.taps = Taps()
         self.events: list[dict[str, object]] = []
         self.clears = 0
+        self.lead_s = lead_s
         self._queued = 0
-        self._start_pos = 0
+        self._start_pos = 0  # the burst playing now: its first position, and when it started
         self._start_time = time.monotonic()
+        self._chunks: list[tuple[int, float]] = []  # (end position, queued at) in this burst
         self._cleared = asyncio.Event()
 
     def inbound(self) -> AsyncIterator[InboundEvent]:
         assert self.script is not None
         return self.script(self)
 
+    def _slot(self, position: int) -> float:
+        """When the frame holding sample `position - 1` starts playing."""
+        frame = (position - 1 - self._start_pos) // self.FRAME
+        return self._start_time + frame * self.FRAME / SAMPLE_RATE
+
+    def _played_at(self, now: float) -> int:
+        frames_passed = int((now - self._start_time) * SAMPLE_RATE) // self.FRAME
+        return min(self._queued, self._start_pos + frames_passed * self.FRAME)
+
+    def played_due(self, position: int) -> float:
+        """When `position` has played: the slot of its frame has passed."""
+        if position <= self._start_pos:
+            return self._start_time
+        return self._slot(position) + self.FRAME / SAMPLE_RATE
+
+    def sent_due(self, position: int) -> float:
+        """When the frame holding sample `position - 1` leaves: `lead_s` before its slot, or
+        when it was queued if that was later."""
+        if position <= self._start_pos:
+            return self._start_time
+        queued_at = next(at for end, at in self._chunks if end >= position)
+        return max(queued_at, self._slot(position) - self.lead_s)
+
     @property
     def played_samples(self) -> int:
-        elapsed = int((time.monotonic() - self._start_time) * SAMPLE_RATE)
-        return min(self._queued, self._start_pos + elapsed)
+        return self._played_at(time.monotonic())
 
     @property
     def queued_samples(self) -> int:
         return self._queued
 
     def play(self, pcm: PCM) -> int:
-        if self.played_samples >= self._queued:  # idle line: playback starts now
-            self._start_pos, self._start_time = self._queued, time.monotonic()
+        now = time.monotonic()
+        if self._played_at(now) >= self._queued:  # idle line: playback starts now
+            self._start_pos, self._start_time, self._chunks = self._queued, now, []
         self._queued += len(pcm)
+        self._chunks.append((self._queued, now))
         return self._queued
 
     async def clear(self) -> None:
         self.clears += 1
-        position = self.played_samples
+        now = time.monotonic()
+        position = self._played_at(now)
         self._queued = self._start_pos = position
-        self._start_time = time.monotonic()
+        self._start_time, self._chunks = now, []
         self._cleared.set()
         self._cleared = asyncio.Event()
 
-    async def wait_played(self, position: int) -> float:
+    async def _until(self, position: int, due: Callable[[int], float]) -> float:
         if position > self._queued:
             raise PlaybackCleared
-        due = self._start_time + (position - self._start_pos) / SAMPLE_RATE
+        at = due(position)
         cleared = self._cleared
         try:
-            await asyncio.wait_for(cleared.wait(), max(0.0, due - time.monotonic()))
+            await asyncio.wait_for(cleared.wait(), max(0.0, at - time.monotonic()))
         except TimeoutError:
-            return due
+            return at
         raise PlaybackCleared
 
+    async def wait_played(self, position: int) -> float:
+        return await self._until(position, self.played_due)
+
     async def wait_sent(self, position: int) -> float:
-        return await self.wait_played(position)  # a line plays what it is sent at once
+        return await self._until(position, self.sent_due)
 
     def hang_up(self, reason: str) -> None:
         raise AssertionError("the conversation never hangs up by itself")

@@ -49,6 +49,8 @@ class TestPhone:
         self.wire = wire
         self.heard: list[Heard] = []
         self.echoed: list[tuple[float, str]] = []
+        self.withheld: list[str] = []  # marks heard while echoes were held, never echoed
+        self._holding = False
         self.closed = asyncio.Event()
         self._changed = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -64,6 +66,25 @@ class TestPhone:
             message = build()
             if message is not None:
                 await self.socket.send(message)
+
+    async def send_last(self, build: Callable[[], Message | None]) -> None:
+        """Send one message and nothing after it: no more audio, echoes or hang-up. A server
+        that refuses the message may close at once with the rest of it unread, which resets the
+        connection; a write of ours after that reset would make the client drop the server's
+        close frame unread (a close code of 1006 instead of the one the server sent)."""
+        async with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            message = build()
+            if message is not None:
+                await self.socket.send(message)
+
+    def hold_echoes(self) -> None:
+        """From now on, echo no mark: as if the audio before it had not played yet when the
+        caller cut in. Every echo sent so far went out before anything said after this call,
+        so the server has counted each of them before it can hear the caller cut in."""
+        self._holding = True
 
     @contextlib.asynccontextmanager
     async def call(self, hang_up: bool = True) -> AsyncIterator[TestPhone]:
@@ -121,10 +142,13 @@ class TestPhone:
             async for raw in self.socket:
                 heard = self.wire.read(raw, time.monotonic())
                 self.heard.append(heard)
-                if heard.kind == "mark":
+                if heard.kind == "mark" and self._holding:
+                    self.withheld.append(heard.name)
+                elif heard.kind == "mark":
+                    self.echoed.append((time.monotonic(), heard.name))  # before a hold can come
                     await self.send(lambda name=heard.name: self.wire.echo(name))
-                    self.echoed.append((time.monotonic(), heard.name))
                 elif heard.kind == "clear":
+                    self._holding = False  # what was held was cleared, unheard
                     for message in self.wire.on_clear():
                         await self.send(lambda message=message: message)
                 self._notify()
