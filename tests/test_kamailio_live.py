@@ -168,14 +168,17 @@ async def test_calls_spread_over_workers_and_a_drained_worker_gets_no_new_invite
         async with httpx.AsyncClient() as client:
             detail = (await client.get(f"{drained.server.url}/calls/{call_id}")).json()
             assert detail["state"] != "ended", detail
+            mark = drained.server.log_mark()
             await long_call.command("hold")
-            await logged(drained.server, f"sip: call {call_id} on hold")
+            await logged(drained.server, f"sip: call {call_id} on hold", since=mark)
+            mark = drained.server.log_mark()
             await long_call.command("resume")
-            await logged(drained.server, f"sip: call {call_id} resumed")
+            await logged(drained.server, f"sip: call {call_id} resumed", since=mark)
+            mark = drained.server.log_mark()
             hung_up = await client.post(f"{drained.server.url}/calls/{call_id}/hangup")
             assert hung_up.status_code == 200
         await long_call.wait_logged("session closed")
-        await logged(drained.server, f"sip: call {call_id}: BYE answered 200")
+        await logged(drained.server, f"sip: call {call_id}: BYE answered 200", since=mark)
     finally:
         long_call.stop()
     # drained and idle: the worker exits by itself
@@ -196,19 +199,21 @@ async def test_an_invite_refused_or_unanswered_goes_on_to_the_next_worker(
         await dial(proxy, long_call)
         drained = await took_it(workers, before)
         [other] = [w for w in workers if w is not drained]
+        mark = drained.server.log_mark()
         async with httpx.AsyncClient() as client:
             response = await client.post(f"{drained.server.url}/admin/drain")
             assert response.status_code == 202
-        await logged(drained.server, "draining: 1 calls in progress")
+        await logged(drained.server, "draining: 1 calls in progress", since=mark)
 
         # Round-robin over three: within four calls both the draining worker and the dead
         # address are tried (unless the dead one already was), and every call lands on `other`.
         other_before = len(other.answered())
+        mark = drained.server.log_mark()
         for n in range(4):
             await call_and_hang_up(proxy, workers, tmp_path / f"caller{n}")
         assert len(other.answered()) == other_before + 4
         assert proxy.count("503 from the last worker") >= 1  # the draining worker's answer
-        await logged(drained.server, "sip: INVITE from 127.0.0.1 refused: draining")
+        await logged(drained.server, "sip: INVITE from 127.0.0.1 refused: draining", since=mark)
         assert proxy.count(f"to {proxy.uri(dead)}") >= 1  # tried: timed out (408), passed over
         assert proxy.count("no worker available") == 0
         # both taken out of rotation by the failure route (ds_mark_dst), the other not

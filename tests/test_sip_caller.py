@@ -38,7 +38,7 @@ async def test_a_sip_call_is_answered_timed_and_recorded(
 ) -> None:
     server, port = sip_server
     speech = concat(silence(300), piper("I would like to book a table"), silence(300))
-
+    mark = server.log_mark()
     result = await place_sip_call("127.0.0.1", port, [speech], dtmf="5#", transport=transport)
 
     assert result.rejected is None and result.status == 200, server.log[-40:]
@@ -55,7 +55,7 @@ async def test_a_sip_call_is_answered_timed_and_recorded(
     assert detail["transport"] == "sip" and detail["caller"] == result.caller
     assert detail["callee"] == "+15551230000"
     assert "table" in detail["records"][0]["caller_text"].lower()
-    await logged(server, f"call {call_id}: DTMF 5", f"call {call_id}: DTMF #")
+    await logged(server, f"call {call_id}: DTMF 5", f"call {call_id}: DTMF #", since=mark)
 
 
 def test_bench_over_sip_reports_voice_to_voice(
@@ -85,16 +85,18 @@ async def test_a_refused_refer_is_told_to_the_caller_and_the_call_goes_on(
     server, port = sip_server
     speech = concat(silence(300), piper("Can I speak to someone?"), silence(9000))
     caller = "refer-refuser"
+    mark = server.log_mark()
     phone = asyncio.create_task(
         place_sip_call("127.0.0.1", port, [speech], caller=caller, quiet_s=8.0)
     )
     async with httpx.AsyncClient(base_url=server.url) as http:
         call_id = await sip_call_id(http, caller)
         assert call_id is not None
-        await logged(server, f"call {call_id} turn 1", within_s=30)  # answered, heard out
+        await logged(server, f"call {call_id} turn 1", since=mark, within_s=30)  # heard out
+        mark = server.log_mark()
         asked = await http.post(f"/calls/{call_id}/transfer", json={"target": "+15557654321"})
         assert asked.status_code == 200, asked.text
-        [line] = await logged(server, f"call {call_id}: transfer failed", within_s=20)
+        [line] = await logged(server, f"call {call_id}: transfer failed", since=mark, within_s=20)
         assert "501" in line
         result = await phone
         detail: dict[str, Any] = (await http.get(f"/calls/{call_id}")).json()
@@ -126,9 +128,10 @@ async def test_a_full_worker_answers_busy_never_silence(
     )
     async with httpx.AsyncClient(base_url=server.url) as http:
         assert await sip_call_id(http, "first") is not None  # the line is taken
+    mark = server.log_mark()
     second = await place_sip_call("127.0.0.1", port, [silence(500)], caller="second")
     assert second.rejected == "486 Busy Here" and second.status == 486
-    await logged(server, "sip: INVITE from 127.0.0.1 refused: capacity")
+    await logged(server, "sip: INVITE from 127.0.0.1 refused: capacity", since=mark)
     assert (await first).rejected is None
 
 
@@ -161,6 +164,7 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
 async def test_a_call_over_tls(tls_server: tuple[Server, int, Path]) -> None:
     server, port, cert = tls_server
     trusted = ssl.create_default_context(cafile=str(cert))  # checks the server's certificate
+    mark = server.log_mark()
     speech = concat(silence(300), piper("I would like to book a table"), silence(300))
     result = await place_sip_call(
         "127.0.0.1", port, [speech], caller="over-tls", transport="tls", tls=trusted
@@ -168,7 +172,7 @@ async def test_a_call_over_tls(tls_server: tuple[Server, int, Path]) -> None:
     assert result.rejected is None and result.status == 200 and result.bye_status == 200
     async with httpx.AsyncClient(base_url=server.url) as http:
         call_id = await sip_call_id(http, "over-tls")
-    await logged(server, f"sip: call {call_id} from 127.0.0.1 over TLS")
+    await logged(server, f"sip: call {call_id} from 127.0.0.1 over TLS", since=mark)
     # plain TCP to the TLS port: the handshake fails, the connection is closed; the endpoint goes on
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"OPTIONS sip:x SIP/2.0\r\n\r\n")

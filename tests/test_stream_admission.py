@@ -81,6 +81,7 @@ async def test_a_stream_is_admitted_only_with_its_own_token(
     guarded: Server, wire_type: type[Wire]
 ) -> None:
     base = guarded.url.replace("http://", "ws://")
+    mark = guarded.log_mark()  # the server is shared: only this test's refusals count
     async with httpx.AsyncClient(base_url=guarded.url, timeout=10) as http:
         anonymous = wire_type()
         assert await open_and_wait(base + anonymous.route, anonymous, http) == "closed 1008"
@@ -94,6 +95,7 @@ async def test_a_stream_is_admitted_only_with_its_own_token(
         "refused: no stream token",
         "refused: stream token is for another call",
         "refused: stream token already used",
+        since=mark,
     )
 
 

@@ -11,7 +11,6 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from dataclasses import dataclass, field
 
 # Barge-in's bound is derived from each call itself: tests/support/barge_in.py.
@@ -122,7 +121,7 @@ def _start_server(extra_env: dict[str, str] | None, timeout_s: float) -> Server:
 async def logged(
     server: Server,
     *fragments: str,
-    since: LogMark | int | None = None,
+    since: LogMark | int,
     within_s: float = 10.0,
     times: int = 1,
 ) -> list[str]:
@@ -133,16 +132,7 @@ async def logged(
 
     Take `since` before acting: `mark = server.log_mark()`, act, then `await logged(server,
     "...", since=mark)`. `since=WHOLE_LOG` (or `since=0`) searches every line, on purpose.
-    Without `since` the whole log is searched too, with a DeprecationWarning: a transitional
-    default for callers not yet converted; it will become a required keyword."""
-    if since is None:
-        warnings.warn(
-            "logged() without since= searches the whole log, where an earlier test's line can "
-            "satisfy it: take mark = server.log_mark() before acting and pass since=mark",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        since = WHOLE_LOG
+    `since` is required: a shared server's log holds earlier tests' lines."""
     start = since.line if isinstance(since, LogMark) else since
     deadline = time.monotonic() + within_s
     while True:
