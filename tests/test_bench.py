@@ -95,6 +95,23 @@ def test_report_json_round_trips_and_renders() -> None:
     assert report.table().row_count == 1 + len(report.parts_ms)
 
 
+def test_a_barge_in_run_reports_how_soon_replies_stopped_and_fails_a_reply_that_did_not() -> None:
+    both = [turn(700.0), turn(800.0)]
+    samples = [
+        CallSample("a", 20.0, 2, both, barge_in=True, barge_in_stop_ms=180.0),
+        CallSample("b", 20.0, 2, both, barge_in=True, barge_in_stop_ms=420.0),
+        CallSample("c", 20.0, 2, both, barge_in=True),  # the reply never went quiet
+    ]
+    health = Health(1, 1, 1)
+    report = summarize("u", "twilio", 2, samples, health, health, 60.0, barge_in=True)
+    assert report.barge_in_stop_ms == stats([180.0, 420.0])
+    assert report.failures == 1  # c: every turn answered, but the barge-in did not stop it
+    assert report.table().row_count == 2 + len(report.parts_ms)
+    assert BenchReport.from_json(report.to_json()) == report
+    plain = summarize("u", "twilio", 2, samples[:1], health, health, 60.0)
+    assert plain.barge_in_stop_ms is None and plain.table().row_count == 1 + len(plain.parts_ms)
+
+
 def caller_result(*turns: tuple[float, float | None]) -> CallResult:
     return CallResult(
         "call",
@@ -135,17 +152,34 @@ def test_twilio_stream_url_follows_the_server_url() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["webrtc", "twilio"])
 async def test_a_small_real_run(server: Server, transport: Literal["webrtc", "twilio"]) -> None:
+    """One call; on the phone, of two turns, the second cutting into the first reply."""
     seen: list[int] = []
-    report = await run_bench(server.url, transport, calls=1, turns=1, progress=seen.append)
+    barge_in = transport == "twilio"
+    turns = 2 if barge_in else 1
+    report = await run_bench(
+        server.url,
+        transport,
+        calls=1,
+        turns=turns,
+        progress=seen.append,
+        barge_in_after_ms=600 if barge_in else None,
+    )
     print(f"\n{report.to_json()}")
 
     assert report.transport == transport
     assert report.failures == 0, server.log[-40:]
-    assert report.voice_to_voice_ms.count == 1
+    assert report.voice_to_voice_ms.count == turns
+    if barge_in:  # measured at the caller: the reply went quiet after the caller began
+        stop = report.barge_in_stop_ms
+        assert stop is not None and stop.count == 1, report.samples
+        assert stop.p50 is not None and stop.p50 > 0
+        assert stop.p50 == report.samples[0].barge_in_stop_ms
+    else:
+        assert report.barge_in_stop_ms is None
     assert report.voice_to_voice_ms.p50 is not None and report.voice_to_voice_ms.p50 > 0
     assert {"endpoint", "stt", "llm_first_token", "first_audio"} <= set(report.parts_ms)
     assert report.samples[0].call_id and report.samples[0].duration_s > 0
     assert report.server_cpu_s > 0 and report.server_peak_rss_mb > 0
     assert report.cpu_s_per_call_minute is not None and report.cpu_s_per_call_minute > 0
-    assert seen and seen[-1] == 1 and seen == sorted(seen)
+    assert seen and seen[-1] == turns and seen == sorted(seen)
     assert BenchReport.from_json(report.to_json()) == report

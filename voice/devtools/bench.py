@@ -100,9 +100,15 @@ class _Bench:
     """One benchmark run: its callers, and the turns they have finished so far."""
 
     def __init__(
-        self, http: httpx.AsyncClient, url: str, transport: Transport, sip_port: int = SIP_PORT
+        self,
+        http: httpx.AsyncClient,
+        url: str,
+        transport: Transport,
+        sip_port: int = SIP_PORT,
+        barge_in_after_ms: float | None = None,
     ) -> None:
         self.http, self.url, self.transport, self.sip_port = http, url, transport, sip_port
+        self.barge_in_after_ms = barge_in_after_ms  # the last turn cuts in this long into a reply
         self.done: list[int] = []  # turns of each finished call
         self.known: set[str] = set()  # calls the server's count must leave out
 
@@ -121,19 +127,23 @@ class _Bench:
         if self.transport == "twilio":
             from voice.devtools.twilio_call import place_twilio_call
 
-            return await place_twilio_call(twilio_stream_url(self.url), utterances)
+            return await place_twilio_call(
+                twilio_stream_url(self.url), utterances, barge_in_after_ms=self.barge_in_after_ms
+            )
         if self.transport == "sip":
             from voice.devtools.sip_caller import place_sip_call
 
             host = urlsplit(self.url).hostname or "127.0.0.1"
-            result = await place_sip_call(host, self.sip_port, utterances)
+            result = await place_sip_call(
+                host, self.sip_port, utterances, barge_in_after_ms=self.barge_in_after_ms
+            )
             if result.rejected is not None:
                 raise RuntimeError(f"SIP call {result.sip_call_id}: {result.rejected}")
             result.call_id = await sip_call_id(self.http, result.caller) or result.call_id
             return result
         from voice.devtools.webrtc_caller import place_call
 
-        return await place_call(self.url, utterances)
+        return await place_call(self.url, utterances, barge_in_after_ms=self.barge_in_after_ms)
 
     async def call(self, utterances: list[PCM], delay_s: float) -> CallSample:
         await asyncio.sleep(delay_s)  # staggered start: part of the script, not a synchronisation
@@ -145,6 +155,8 @@ class _Bench:
             duration = round(time.monotonic() - started, 3)
             return CallSample("", duration, len(utterances), error=repr(exc))
         sample = CallSample(result.call_id, round(time.monotonic() - started, 3), len(utterances))
+        sample.barge_in = self.barge_in_after_ms is not None
+        sample.barge_in_stop_ms = result.barge_in_stop_ms
         self.known.add(result.call_id)  # from now on counted by the caller, not the server
         self.done.append(len(result.turns))
         records: list[dict[str, Any]] = []
@@ -182,16 +194,21 @@ async def run_bench(
     stagger_s: float = 0.2,
     wavs: Sequence[Path] = (),
     sip_port: int = SIP_PORT,
+    barge_in_after_ms: float | None = None,
 ) -> BenchReport:
     """Place `calls` concurrent calls of `turns` turns each and report latency and cost.
 
     `progress` is called with the number of turns completed so far (of `calls * turns`).
-    SIP calls go to `sip_port` on the URL's host.
+    SIP calls go to `sip_port` on the URL's host. With `barge_in_after_ms`, each call's last
+    turn is spoken that long after the reply before it began, and the report says how soon
+    that reply went quiet at the caller (needs 2 turns or more).
     """
+    if barge_in_after_ms is not None and turns < 2:
+        raise ValueError("a barge-in needs a reply to cut into: 2 turns or more")
     speech = caller_speech(wavs)
     script = [speech[i % len(speech)] for i in range(turns)]
     async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=30) as http:
-        bench = _Bench(http, url, transport, sip_port)
+        bench = _Bench(http, url, transport, sip_port, barge_in_after_ms)
         before = await bench.health()
         bench.known = {c["call_id"] for c in await bench.active_calls()}
         watcher = None
@@ -211,7 +228,8 @@ async def run_bench(
         after = await bench.health()
     if progress is not None:
         progress(min(calls * turns, sum(bench.done)))
-    return summarize(url, transport, turns, list(samples), before, after, wall_s)
+    barge_in = barge_in_after_ms is not None
+    return summarize(url, transport, turns, list(samples), before, after, wall_s, barge_in)
 
 
 # -- command ------------------------------------------------------------------------------------
@@ -247,6 +265,14 @@ def bench_command(
         typer.Option(help="WAV the callers speak (repeatable; default: espeak-ng phrases)"),
     ] = None,
     stagger: Annotated[float, typer.Option(help="Seconds between call starts")] = 0.2,
+    barge_in: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Speak each call's last turn this many ms into the reply before it, and report "
+            "how soon that reply went quiet at the caller (target 300 ms)",
+        ),
+    ] = None,
 ) -> None:
     """Benchmark a running server: N concurrent scripted calls, voice-to-voice latency and cost.
 
@@ -270,8 +296,12 @@ def bench_command(
                     stagger_s=stagger,
                     wavs=wav or (),
                     sip_port=sip_port,
+                    barge_in_after_ms=barge_in,
                 )
             )
+        except ValueError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(2) from exc
         except httpx.HTTPError as exc:
             console.print(f"[red]cannot reach the server at {url}: {exc!r}[/]")
             raise typer.Exit(2) from exc

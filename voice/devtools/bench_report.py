@@ -17,6 +17,7 @@ from pipeline.records import STAGES
 from voice.devtools.turns import CallResult
 
 DELIVERY = "delivery"  # derived part: caller-side voice-to-voice minus the server's first_audio
+BARGE_IN_TARGET_MS = 300.0  # caller starts speaking -> the reply is silent at the caller
 MATCH_WINDOW_S = 2.0  # a server record this close to a caller turn's end of speech is that turn
 
 
@@ -35,14 +36,17 @@ class CallSample:
     expected_turns: int
     turns: list[TurnSample] = field(default_factory=list)
     error: str | None = None
+    barge_in: bool = False  # the call's last turn cut into the reply before it
+    barge_in_stop_ms: float | None = None  # its onset -> that reply's audio stopped (caller)
 
     @property
     def failed(self) -> bool:
-        """The call broke, or a turn of it got no reply."""
+        """The call broke, a turn of it got no reply, or a barge-in did not stop the reply."""
         return (
             self.error is not None
             or len(self.turns) < self.expected_turns
             or any(turn.voice_to_voice_ms is None for turn in self.turns)
+            or (self.barge_in and self.barge_in_stop_ms is None)
         )
 
 
@@ -103,6 +107,9 @@ class BenchReport:
     server_rss_mb: float
     server_peak_rss_mb: float
     samples: list[CallSample]
+    # With `hotline bench --barge-in MS`: how soon the reply went quiet at the caller after the
+    # caller's interrupting speech began (README's target: BARGE_IN_TARGET_MS); else None.
+    barge_in_stop_ms: Stats | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -112,6 +119,8 @@ class BenchReport:
         data = json.loads(text)
         data["voice_to_voice_ms"] = Stats(**data["voice_to_voice_ms"])
         data["parts_ms"] = {name: Stats(**part) for name, part in data["parts_ms"].items()}
+        if data.get("barge_in_stop_ms") is not None:
+            data["barge_in_stop_ms"] = Stats(**data["barge_in_stop_ms"])
         data["samples"] = [
             CallSample(**{**call, "turns": [TurnSample(**turn) for turn in call["turns"]]})
             for call in data["samples"]
@@ -126,6 +135,8 @@ class BenchReport:
         table = Table("ms", "n", "p50", "p95", "max", title=title)
         rows = [("voice-to-voice (caller)", self.voice_to_voice_ms)]
         rows += [(f"  {name}", part) for name, part in self.parts_ms.items()]
+        if self.barge_in_stop_ms is not None:
+            rows.append(("barge-in: reply stopped (caller)", self.barge_in_stop_ms))
         for name, row in rows:
             cells = (_number(row.p50), _number(row.p95), _number(row.max))
             table.add_row(name, str(row.count), *cells)
@@ -137,6 +148,12 @@ class BenchReport:
             f"({self.server_cpu_s:.1f} s over {self.call_minutes:.2f} call-minutes)\n"
             f"server RSS: peak {self.server_peak_rss_mb:.0f} MB, now {self.server_rss_mb:.0f} MB"
         )
+        if self.barge_in_stop_ms is not None and self.barge_in_stop_ms.p95 is not None:
+            within = "within" if self.barge_in_stop_ms.p95 <= BARGE_IN_TARGET_MS else "over"
+            cost += (
+                f"\nbarge-in: p95 {self.barge_in_stop_ms.p95:.0f} ms from the caller's onset to "
+                f"silence, {within} the {BARGE_IN_TARGET_MS:.0f} ms target"
+            )
         return Group(self.table(), Text(cost))
 
 
@@ -152,8 +169,10 @@ def summarize(
     before: Health,
     after: Health,
     wall_s: float,
+    barge_in: bool = False,
 ) -> BenchReport:
-    """Aggregate per-call samples and the server's health before and after into a report."""
+    """Aggregate per-call samples and the server's health before and after into a report
+    (`barge_in`: each call's last turn cut into a reply, and how soon it stopped is reported)."""
     heard = [t for call in samples for t in call.turns if t.voice_to_voice_ms is not None]
     parts: dict[str, Stats] = {}
     for stage in (*STAGES, DELIVERY):
@@ -177,6 +196,9 @@ def summarize(
         server_rss_mb=after.rss_mb,
         server_peak_rss_mb=max(before.peak_rss_mb, after.peak_rss_mb),
         samples=samples,
+        barge_in_stop_ms=stats([v for call in samples if (v := call.barge_in_stop_ms) is not None])
+        if barge_in
+        else None,
     )
 
 
