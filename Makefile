@@ -41,7 +41,7 @@ lint: $(STAMP)
 # assert times measured on real-time calls) alone on an otherwise idle machine. Both always run.
 test: $(STAMP) system-deps lint
 	@status=0; \
-	$(BIN)/pytest -m "not serial" -n $(TEST_WORKERS) --dist worksteal --durations=15 || status=$$?; \
+	$(BIN)/pytest -m "not serial" -n $(TEST_WORKERS) --dist loadfile --durations=15 || status=$$?; \
 	$(BIN)/pytest -m serial --durations=15 || status=$$?; \
 	exit $$status
 

@@ -12,6 +12,8 @@ from tests.support.redis_server import RedisServer
 from tests.support.server import Server, start_server, stop_server
 from voice.transports.webrtc import restrict_ice_host_addresses
 
+pytest_plugins = ["tests.support.sip_server"]  # the SIP servers the SIP modules share
+
 
 @pytest.fixture(scope="session", autouse=True)
 def loopback_ice() -> Iterator[None]:
@@ -33,10 +35,16 @@ def server() -> Iterator[Server]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A `serial` test is also `slow`: `make test-fast` leaves both out."""
+    """A `serial` test is also `slow`: `make test-fast` leaves both out.
+
+    The `slow` tests (live servers, real-time calls) run first and the unit tests last: `make
+    test` hands whole files to its workers (`--dist loadfile`, so a module's servers start once),
+    and a long file handed out last would leave the other workers idle at the end, where short
+    tests fill the gaps instead. The sort is stable: files and tests keep their order."""
     for item in items:
         if item.get_closest_marker("serial") is not None:
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="module")

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
 import httpx
-import numpy as np
 import pytest
 
 from pipeline.sentences import SentenceSplitter
-from pipeline.stt import SpeechToText
 from tests.support.barge_in import barge_in_bound_ms, round_trip_ms
 from tests.support.server import Server
-from tests.support.speech import concat, piper, silence
+from tests.support.speech import heard, utterance, words
 from voice.devtools.twilio_call import place_twilio_call
 
 pytestmark = pytest.mark.slow
@@ -21,16 +17,6 @@ FIRST = "Please book a table for two people tonight."
 SECOND = "What will the weather be like in Paris tomorrow?"
 # A mark echoed this close before the clear arrived may have crossed the clear on loopback.
 CROSSING_S = 0.03
-
-
-def words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z]+", text.lower()))
-
-
-def utterance(text: str) -> np.ndarray:
-    # A natural-sounding voice: robotic espeak loses too many words on an 8 kHz line
-    # (README, "Telephone speech recognition").
-    return concat(silence(300), piper(text), silence(200))
 
 
 def stream_url(server: Server) -> str:
@@ -54,10 +40,10 @@ async def test_a_phone_call_through_the_webhook_answers_two_turns(server: Server
     latencies = [turn.voice_to_voice_ms for turn in result.turns]
     print(f"\nphone voice-to-voice at the caller (ms): {latencies}")
     assert len(latencies) == 2 and None not in latencies
-    heard = SpeechToText.shared().transcribe_blocking(result.reply_audio).text
-    print(f"reply audio transcribed: {heard!r}")
-    assert {"table", "people", "tonight"} <= words(heard)
-    assert {"weather", "tomorrow"} <= words(heard)
+    reply = heard(result.reply_audio)
+    print(f"reply audio transcribed: {reply!r}")
+    assert {"table", "people", "tonight"} <= words(reply)
+    assert {"weather", "tomorrow"} <= words(reply)
 
     detail = call_detail(server, result.call_id)
     assert detail["transport"] == "twilio"
@@ -132,11 +118,11 @@ async def test_barge_in_sends_clear_and_history_is_cut_at_the_last_echoed_mark(
     splitter = SentenceSplitter()
     sentences = splitter.push(generated) + splitter.flush()
     assert len(played) < len(sentences), "the clear came before the last sentence played"
-    heard = " ".join(sentences[: len(played)])
+    as_heard = " ".join(sentences[: len(played)])
     # A mark echoed a moment before the clear arrived may have crossed it on the wire (the
     # server had cleared before it read the echo): then that sentence was not counted heard.
     crossed = echoed[-1][0] > clear.at - CROSSING_S
-    allowed = {heard, " ".join(sentences[: len(played) - 1])} if crossed else {heard}
+    allowed = {as_heard, " ".join(sentences[: len(played) - 1])} if crossed else {as_heard}
     history = detail["history"]
     assert isinstance(history, list) and len(history) >= 2
     print(f"marks played before the clear: {played}; history: {history[1]['content']!r}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,22 +22,19 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from pipeline.sentences import SentenceSplitter
+from tests.support.poll import PollTimeout, until
 from tests.support.provider_phone import TestPhone
-from tests.support.providers import PCM, TelnyxWire, TwilioWire, VonageWire, Wire
+from tests.support.providers import TelnyxWire, TwilioWire, VonageWire, Wire
 from tests.support.server import Server
-from tests.support.speech import concat, espeak, silence
+from tests.support.speech import utterance, words
 
 pytestmark = pytest.mark.slow
 
 FIRST = "Please book a table for two people tonight."
 SECOND = "Wait, actually I want a table for four."
 SHORT = "Hello, is anyone there?"
-
-_FRAME_S = 0.02
-
-
-def words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z0-9]+", text.lower()))
+# The caller: espeak-ng's en-us voice at 150 wpm, as since these calls were written.
+VOICE, WPM = "en-us", 150
 
 
 def pieces(text: str) -> list[str]:
@@ -46,10 +42,6 @@ def pieces(text: str) -> list[str]:
     (the server's sentence splitter, default settings, as the test server runs it)."""
     splitter = SentenceSplitter()
     return splitter.push(text) + splitter.flush()
-
-
-def utterance(text: str) -> PCM:
-    return concat(silence(300), espeak(text, wpm=150), silence(200))
 
 
 # The providers' wires (tests/support/providers.py) by name, for the parametrized tests.
@@ -75,39 +67,43 @@ async def call_detail(server: Server, call_id: str) -> dict[str, Any]:
     return detail
 
 
-async def poll_call(
+async def call_when(
     server: Server,
     call_id: str,
     what: str,
     test: Callable[[dict[str, Any]], bool],
     within_s: float = 30.0,
 ) -> dict[str, Any]:
-    """Poll GET /calls/{id} until `test` holds (bounded)."""
-    deadline = time.monotonic() + within_s
-    detail: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPStatusError):
-            detail = await call_detail(server, call_id)
-            if test(detail):
-                return detail
-        await asyncio.sleep(0.25)
-    raise AssertionError(f"call {call_id}: not {what} within {within_s:.0f} s: {detail}")
+    """GET /calls/{id} once `test` holds (a 404 while the call is not registered yet is waited
+    out); fails after `within_s` with the last detail seen."""
+    seen: list[dict[str, Any]] = [{}]
+
+    async def check() -> dict[str, Any]:
+        seen[0] = await call_detail(server, call_id)
+        return seen[0] if test(seen[0]) else {}
+
+    try:
+        return await until(
+            check, f"call {call_id}: {what}", within_s, 0.25, ignoring=(httpx.HTTPStatusError,)
+        )
+    except PollTimeout as timeout:
+        raise AssertionError(f"{timeout}; its detail: {seen[0]}") from None
 
 
 async def log_mentions(
     server: Server, since: int, route: str, fragments: list[str], within_s: float = 10.0
 ) -> None:
-    """Wait (bounded) until the server's log, from line `since`, has a bad-message line for
-    `route` with each fragment in it."""
-    deadline = time.monotonic() + within_s
-    missing = fragments
-    while time.monotonic() < deadline:
+    """Wait until the server's log, from line `since`, has a bad-message line for `route` with
+    each fragment in it; fails with the fragments still missing."""
+
+    def missing() -> list[str]:
         lines = [line for line in server.log[since:] if f"{route}: bad message #" in line]
-        missing = [f for f in fragments if not any(f in line for line in lines)]
-        if not missing:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"the server log never mentioned {missing}")
+        return [f for f in fragments if not any(f in line for line in lines)]
+
+    try:
+        await until(lambda: not missing(), f"{route}: bad messages logged", within_s)
+    except PollTimeout:
+        raise AssertionError(f"the server log never mentioned {missing()}") from None
 
 
 def assert_no_errors_logged(server: Server, since: int) -> None:
@@ -133,7 +129,7 @@ async def test_a_call_with_barge_in_through_the_provider_route(
     since = len(server.log)
     wire = WIRES[provider]()
     async with open_socket(server, wire) as socket, TestPhone(socket, wire).call() as phone:
-        first = await asyncio.wait_for(phone.say(utterance(FIRST)), 30)
+        first = await asyncio.wait_for(phone.say(utterance(FIRST, VOICE, WPM)), 30)
         reply = await phone.wait("reply", lambda h: h.kind == "media" and h.at > first.end, 30)
         # Cut in while the reply plays: once its first sentence was echoed, 1.5 s or more in.
         mark = await phone.wait("first mark", lambda h: h.kind == "mark" and h.at > reply.at, 15)
@@ -145,7 +141,7 @@ async def test_a_call_with_barge_in_through_the_provider_route(
         # echo reached the server before anything the caller says next); none after it is.
         phone.hold_echoes()
         heard_marks = [name for _, name in phone.echoed]
-        saying = phone.say(utterance(SECOND))
+        saying = phone.say(utterance(SECOND, VOICE, WPM))
         clear = await phone.wait("clear", lambda h: h.kind == "clear", 10)
         second = await asyncio.wait_for(saying, 30)
         new_reply = await phone.wait(
@@ -157,13 +153,13 @@ async def test_a_call_with_barge_in_through_the_provider_route(
         first_after_clear = min(after_clear, key=lambda h: h.at)
         assert first_after_clear.at > second.end, "old reply after the clear"
         assert first_after_clear is new_reply
-        await poll_call(
+        await call_when(
             server, wire.call_id, "two turns", lambda d: len(d["records"]) >= 2, within_s=40
         )
     assert not phone.after("other", 0), [h.raw for h in phone.after("other", 0)][:3]
     assert phone.echoed, "the server sent marks"
 
-    detail = await poll_call(server, wire.call_id, "ended", lambda d: d["state"] == "ended")
+    detail = await call_when(server, wire.call_id, "ended", lambda d: d["state"] == "ended")
     assert detail["transport"] == provider
     records = detail["records"]
     for record in records:
@@ -222,8 +218,8 @@ async def test_bad_input_is_logged_and_the_route_keeps_serving(
         for message in junk.values():
             await phone.send(lambda message=message: message)
         await log_mentions(server, since, route, list(junk))
-        await asyncio.wait_for(phone.say(utterance(SHORT)), 30)
-        await poll_call(server, wire.call_id, "one turn", lambda d: len(d["records"]) == 1)
+        await asyncio.wait_for(phone.say(utterance(SHORT, VOICE, WPM)), 30)
+        await call_when(server, wire.call_id, "one turn", lambda d: len(d["records"]) == 1)
         # The phone sends nothing after the oversized frame: uvicorn answers it with its close
         # frame and shuts the socket at once, the rest of the frame unread, which resets the
         # connection; a write of ours after the reset (the next 20 ms of audio) would drop the
@@ -231,7 +227,7 @@ async def test_bad_input_is_logged_and_the_route_keeps_serving(
         await phone.send_last(wire.oversized)
         await asyncio.wait_for(phone.closed.wait(), 10)
         assert socket.close_code == 1009, (socket.close_code, socket.close_reason)
-    detail = await poll_call(server, wire.call_id, "ended", lambda d: d["state"] == "ended")
+    detail = await call_when(server, wire.call_id, "ended", lambda d: d["state"] == "ended")
     assert detail["transport"] == provider
     assert len(detail["records"]) == 1 and detail["records"][0]["reply_text"]
     assert words(detail["records"][0]["caller_text"]) & {"hello", "anyone", "there"}
@@ -242,8 +238,8 @@ async def test_bad_input_is_logged_and_the_route_keeps_serving(
     assert health.status_code == 200 and health.json()["status"] == "ok"
     wire = WIRES[provider]()
     async with open_socket(server, wire) as socket, TestPhone(socket, wire).call(False) as phone:
-        spoken = await asyncio.wait_for(phone.say(utterance(SHORT)), 30)
+        spoken = await asyncio.wait_for(phone.say(utterance(SHORT, VOICE, WPM)), 30)
         await phone.wait("reply", lambda h: h.kind == "media" and h.at > spoken.end, 30)
-    detail = await poll_call(server, wire.call_id, "ended", lambda d: d["state"] == "ended")
+    detail = await call_when(server, wire.call_id, "ended", lambda d: d["state"] == "ended")
     assert detail["transport"] == provider
     assert_no_errors_logged(server, began)

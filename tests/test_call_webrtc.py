@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
-import re
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from pipeline.stt import SpeechToText
 from pipeline.transport import FRAME_SAMPLES, SAMPLE_RATE
 from tests.support.barge_in import barge_in_bound_ms, round_trip_ms
+from tests.support.poll import until
 from tests.support.server import Server
-from tests.support.speech import concat, espeak, silence
+from tests.support.speech import heard, utterance, words, words_in_order
 from voice.audio import rms
 from voice.devtools.turns import AUDIBLE_RMS
 from voice.devtools.webrtc_caller import place_call
@@ -25,18 +24,8 @@ SECOND = "What will the weather be like in Paris tomorrow?"
 # Well into the reply's second sentence: the cut leaves words of it heard and unheard.
 BARGE_IN_AFTER_MS = 1500
 REPLY_GAP_S = 1.0  # the silence that ends the first reply as received
-
-
-def words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z]+", text.lower()))
-
-
-def words_in_order(text: str) -> list[str]:
-    return re.findall(r"[a-z]+", text.lower())
-
-
-def utterance(text: str) -> np.ndarray:
-    return concat(silence(300), espeak(text, wpm=150), silence(200))
+# The caller: espeak-ng's en-us voice at 150 wpm (WebRTC's 16 kHz line keeps espeak's words).
+VOICE, WPM = "en-us", 150
 
 
 def call_detail(server: Server, call_id: str) -> dict[str, object]:
@@ -49,7 +38,9 @@ def call_detail(server: Server, call_id: str) -> dict[str, object]:
 async def test_two_turn_call_hears_the_callers_words(server: Server) -> None:
     # A reply opens with a short phrase ("You said,"); on a loaded runner the next chunk may
     # take a moment to synthesise, which must not be taken for the end of the reply.
-    result = await place_call(server.url, [utterance(FIRST), utterance(SECOND)], quiet_s=2.0)
+    result = await place_call(
+        server.url, [utterance(FIRST, VOICE, WPM), utterance(SECOND, VOICE, WPM)], quiet_s=2.0
+    )
 
     assert len(result.turns) == 2
     latencies = [turn.voice_to_voice_ms for turn in result.turns]
@@ -58,10 +49,10 @@ async def test_two_turn_call_hears_the_callers_words(server: Server) -> None:
         print(f"server parts (ms since end of speech): {record['timings_ms']}")
     assert all(latency is not None for latency in latencies), "a turn got no reply audio"
 
-    heard = SpeechToText.shared().transcribe_blocking(result.reply_audio).text
-    print(f"reply audio transcribed: {heard!r}")
-    assert "table" in words(heard)
-    assert {"weather", "tomorrow"} <= words(heard)
+    reply = heard(result.reply_audio)
+    print(f"reply audio transcribed: {reply!r}")
+    assert "table" in words(reply)
+    assert {"weather", "tomorrow"} <= words(reply)
 
     callers = result.transcripts("caller")
     assert "table" in words(callers[0]) and "weather" in words(callers[1])
@@ -98,7 +89,10 @@ async def test_barge_in_stops_the_reply_and_truncates_history(server: Server) ->
     audio holds of the interrupted reply. Run alone (`serial`): the bound is real time."""
     result = await place_call(
         server.url,
-        [utterance(FIRST), utterance("Wait, actually I want a table for four.")],
+        [
+            utterance(FIRST, VOICE, WPM),
+            utterance("Wait, actually I want a table for four.", VOICE, WPM),
+        ],
         barge_in_after_ms=BARGE_IN_AFTER_MS,
     )
 
@@ -120,9 +114,7 @@ async def test_barge_in_stops_the_reply_and_truncates_history(server: Server) ->
     )
 
     # What the caller heard of the interrupted reply, by the project's STT.
-    caller_heard = words_in_order(
-        SpeechToText.shared().transcribe_blocking(first_reply(result.reply_audio)).text
-    )
+    caller_heard = words_in_order(heard(first_reply(result.reply_audio)))
     history = detail["history"]
     assert isinstance(history, list) and len(history) >= 2
     assert history[1]["role"] == "assistant"
@@ -163,7 +155,7 @@ async def test_bad_offers_get_json_400_and_the_server_keeps_serving(server: Serv
             assert "error" in response.json()
         assert statuses == [400, 400, 400, 400, 400, 413]
         assert (await http.get("/calls/no-such-call")).status_code == 404
-    result = await place_call(server.url, [utterance(SECOND)])
+    result = await place_call(server.url, [utterance(SECOND, VOICE, WPM)])
     assert result.turns[0].reply_start is not None
 
 
@@ -180,10 +172,11 @@ async def test_a_caller_who_never_connects_is_hung_up(server: Server) -> None:
         offer = {"sdp": pc.localDescription.sdp, "type": "offer"}
         call_id = (await http.post("/offer", json=offer)).json()["call_id"]
         await pc.close()  # the caller vanishes before its media connects
-        state = "active"
-        for _ in range(60):  # bounded wait for the server's own timeout (5 s in these tests)
-            state = (await http.get(f"/calls/{call_id}")).json()["state"]
-            if state == "ended":
-                break
-            await asyncio.sleep(0.25)
-        assert state == "ended"
+
+        async def ended() -> dict[str, Any]:
+            detail: dict[str, Any] = (await http.get(f"/calls/{call_id}")).json()
+            return detail if detail["state"] == "ended" else {}
+
+        # by the server's own connect timeout, 5 s in these tests
+        detail: dict[str, Any] = await until(ended, "the call ended by the connect timeout", 15)
+    assert detail["state"] == "ended"

@@ -163,8 +163,9 @@ def workers(redis_server: RedisServer) -> Iterator[tuple[Server, Server]]:
         assert len(started) == 2, [f.exception() for f in starting]
         yield started[0], started[1]
     finally:
-        for server in started:
-            stop_server(server)
+        with ThreadPoolExecutor(2) as pool:  # both stop at once
+            codes = list(pool.map(stop_server, started))
+    assert codes == [0] * len(started), "\n".join(line for s in started for line in s.log[-20:])
 
 
 def _client(server: Server, source: str = "127.0.0.1") -> httpx.AsyncClient:

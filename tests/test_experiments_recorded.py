@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tests.support.speech import concat, noise, piper, silence
+from tests.support.speech import concat, noise, piper, silence, words
 from voice.cli.main import app
 from voice.experiments.recorded import (
     RecordingError,
@@ -153,10 +153,6 @@ def test_a_directory_gives_its_recordings_once_each_by_name(
         load_recorded_calls([two_turns, elsewhere])
 
 
-def words(text: str) -> list[str]:
-    return "".join(c if c.isalpha() else " " for c in text.lower()).split()
-
-
 def simulation_file(tmp_path: Path) -> Path:
     path = tmp_path / "sim.yaml"
     arm = "{name: fixed-none, policy: fixed, effort: none, budget_ms: 10000}"
@@ -191,7 +187,7 @@ def test_simulate_replays_a_recorded_call_through_the_pipeline(
     assert all(r["arm"] == "fixed-none" and r["reply_text"] for r in records)
     # tiny.en's words, loosely: it heard "my last invoice" as "my last end voice" once
     assert "table" in records[0]["caller_text"].lower()
-    assert {"copy", "invoice", "send"} & set(words(records[1]["caller_text"]))
+    assert {"copy", "invoice", "send"} & words(records[1]["caller_text"])
 
 
 def test_a_simulation_file_names_recordings_relative_to_itself(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """What a hostile client sends a real server: bodies too large to hold, control characters in
 Twilio's webhook, JSON nested past the parser's recursion limit, a body built to make the nesting
-check slow. Each gets a clear 4xx, and the server keeps serving."""
+check slow. Each gets a clear 4xx, and the server keeps serving. The server is conftest's
+session `server` (the default configuration), shared with the other modules on the worker."""
 
 from __future__ import annotations
 
@@ -17,20 +18,13 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.support.server import Server, logged, start_server, stop_server
+from tests.support.server import Server, logged
 
 pytestmark = pytest.mark.slow
 
 MAX_BODY = 64 * 1024  # the default `max_body_bytes`
 JSON_ROUTES = [("POST", "/offer"), ("POST", "/calls/x/say"), ("PUT", "/experiments/x")]
 BODY_ROUTES = [("POST", "/twilio/voice"), *JSON_ROUTES]
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    running = start_server()
-    yield running
-    stop_server(running)
 
 
 def health(server: Server) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,9 @@ import pytest
 
 from tests.support.baresip import Baresip, baresip_installed
 from tests.support.kamailio import Kamailio, kamailio_installed
-from tests.support.server import Server, free_port, logged, start_server, stop_server
+from tests.support.poll import until
+from tests.support.server import Server, free_port, logged, start_server
+from tests.support.sip_server import NUMBER, stopped_cleanly
 from tests.support.speech import silence
 
 pytestmark = [
@@ -28,7 +30,6 @@ pytestmark = [
     pytest.mark.skipif(not baresip_installed(), reason="baresip missing (make test installs it)"),
 ]
 
-NUMBER = "+15551230000"
 ANSWERED = re.compile(r"sip: call (\w+) from ")
 
 
@@ -48,7 +49,7 @@ class Worker:
 async def took_it(workers: list[Worker], before: list[int]) -> Worker:
     """The worker that answered one call more than `before` (its log line may come a moment
     after the caller's "Call established")."""
-    await wait_for(lambda: sum(len(w.answered()) for w in workers) > sum(before), "the answer")
+    await until(lambda: sum(len(w.answered()) for w in workers) > sum(before), "the answer", 15)
     [worker] = [w for w, n in zip(workers, before, strict=True) if len(w.answered()) > n]
     return worker
 
@@ -63,19 +64,50 @@ def start_worker() -> Worker:
     return Worker(start_server(env), port)
 
 
-@pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    with ThreadPoolExecutor(2) as pool:  # both start at once
-        started = [pool.submit(start_worker) for _ in range(2)]
-    running = [future.result() for future in started if future.exception() is None]
+def draining(worker: Worker) -> bool:
+    """Whether a test drained the worker (it answers /readyz 503, or is on its way out)."""
+    if worker.server.process.poll() is not None:
+        return True
     try:
-        for future in started:
-            if (error := future.exception()) is not None:
-                raise error
-        yield running
-    finally:
-        for worker in running:
-            stop_server(worker.server)
+        return httpx.get(f"{worker.server.url}/readyz").status_code == 503
+    except httpx.TransportError:
+        return True
+
+
+def retire(worker: Worker) -> None:
+    """Stop a worker and require a clean exit: a drained one exits by itself once its calls are
+    over (a signal then would only race its own shutdown), any other is stopped."""
+    if not draining(worker):
+        stopped_cleanly(worker.server)
+        return
+    code = worker.server.process.wait(30)
+    assert code == 0, f"a drained worker exited {code}:\n" + "\n".join(worker.server.log[-30:])
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[list[Worker]]:
+    """The module's workers: a test drains one of its two, the next gets a fresh one in its
+    place (and the other one again), so the module starts three, not four."""
+    running: list[Worker] = []
+    yield running
+    for worker in running:
+        retire(worker)
+
+
+@pytest.fixture
+def workers(pool: list[Worker]) -> list[Worker]:
+    """Two workers that take calls (those of the pool that still do, and fresh ones started
+    at once)."""
+    for worker in [w for w in pool if draining(w)]:
+        pool.remove(worker)
+        retire(worker)
+    with ThreadPoolExecutor(2) as executor:
+        started = [executor.submit(start_worker) for _ in range(2 - len(pool))]
+    pool.extend(future.result() for future in started if future.exception() is None)
+    for future in started:
+        if (error := future.exception()) is not None:
+            raise error
+    return list(pool)
 
 
 @pytest.fixture
@@ -84,15 +116,6 @@ def kamailio(workers: list[Worker]) -> Iterator[Kamailio]:
     proxy.start()
     yield proxy
     proxy.stop()
-
-
-async def wait_for(condition: Callable[[], bool], what: str, within_s: float = 15.0) -> None:
-    """Until `condition()` holds (checked every 50 ms); fails with `what` after `within_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while not condition():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def hung_up_by_caller(workers: list[Worker]) -> int:
@@ -112,7 +135,7 @@ async def call_and_hang_up(proxy: Kamailio, workers: list[Worker], directory: Pa
     try:
         await dial(proxy, caller)
         await caller.command("hangup")  # its BYE goes through the proxy (the Route set)
-        await wait_for(lambda: hung_up_by_caller(workers) > before, "the BYE at the worker")
+        await until(lambda: hung_up_by_caller(workers) > before, "the BYE at the worker", 15)
     finally:
         caller.stop()
 
@@ -124,9 +147,10 @@ async def test_calls_spread_over_workers_and_a_drained_worker_gets_no_new_invite
         await kamailio.wait_logged(f"hotline: worker {kamailio.uri(worker.sip_port)} up")
     assert set(kamailio.destinations().values()) == {"AP"}
 
+    before = [len(w.answered()) for w in workers]  # (a worker may come from an earlier test)
     for n in range(4):
         await call_and_hang_up(kamailio, workers, tmp_path / f"caller{n}")
-    counts = [len(w.answered()) for w in workers]
+    counts = [len(w.answered()) - n for w, n in zip(workers, before, strict=True)]
     assert sum(counts) == 4 and min(counts) >= 1, counts  # round-robin: both take calls
     assert kamailio.count("from the last worker") == 0  # no call needed a second try
 

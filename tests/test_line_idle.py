@@ -41,8 +41,9 @@ def noise(samples: int) -> np.ndarray:
     return RNG.normal(0, 1000, samples).astype(np.int16)
 
 
-async def until(at: float) -> None:
-    """The client's own clock (pacing what it sends), not a wait for the server."""
+async def pace_to(at: float) -> None:
+    """The client's own clock (pacing what it sends), not a wait for the server: sleep until
+    monotonic time `at`."""
     delay = at - time.monotonic()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -67,7 +68,7 @@ class Client:
             start = time.monotonic()
             with contextlib.suppress(ConnectionClosed):
                 for n in range(round(self.run_s / self.every_s)):
-                    await until(start + n * self.every_s)
+                    await pace_to(start + n * self.every_s)
                     await sock.send(self.wire.media(self.frame()))
                 if self.hangs_up:
                     stop = self.wire.hang_up()
@@ -177,7 +178,7 @@ class SipCall:
         assert self.rtp is not None
         start = time.monotonic()
         for n in range(round(RUN_S / self.every_s)):
-            await until(start + n * self.every_s)
+            await pace_to(start + n * self.every_s)
             sequence, payload = self.packet(n)
             datagram = RtpPacket(0, sequence % 65_536, n * 160, 0x5EED, False, payload)
             self.phone.sendto(datagram.to_bytes(), ("127.0.0.1", self.rtp.local_port))

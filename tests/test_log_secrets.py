@@ -5,7 +5,6 @@ cookie), whose whole log, uvicorn's access log included, is then searched for ev
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -20,6 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from tests.support.poll import until
 from tests.support.providers import Message, TelnyxWire, TwilioWire, VonageWire, Wire
 from tests.support.server import WHOLE_LOG, Server, logged, start_server, stop_server
 from voice.cli import logs
@@ -132,12 +132,15 @@ async def _call(
             async with connect(url, compression=None, open_timeout=10) as socket:
                 for message in opening:
                     await socket.send(message)
-                for _ in range(500):  # bounded: 10 s of the phone's 20 ms frames
+
+                async def admitted() -> bool:  # or the server closes the socket: raised
                     if await _state(http, wire.call_id) == "active":
-                        break
+                        return True
                     await socket.send(_silence(wire))
-                else:
-                    raise AssertionError("neither admitted nor closed")
+                    return False
+
+                live: bool = await until(admitted, f"call {wire.call_id} admitted or refused")
+                assert live
                 if while_live is not None:
                     await while_live()
                 stop = wire.hang_up()
@@ -145,11 +148,13 @@ async def _call(
                     await socket.send(stop)
         except ConnectionClosed as closed:
             return f"closed {closed.rcvd.code if closed.rcvd else None}"
-        for _ in range(200):  # bounded: the call ends once its stream has closed
-            if await _state(http, wire.call_id) == "ended":
-                return "ended"
-            await asyncio.sleep(0.05)  # between two reads of the calls API
-        raise AssertionError("the call did not end")
+
+        async def ended() -> bool:
+            return await _state(http, wire.call_id) == "ended"
+
+        over: bool = await until(ended, f"call {wire.call_id} ended once its stream closed")
+        assert over
+        return "ended"
 
 
 async def _live(server: Server, call_id: str, query: str = "", cookie: str | None = None) -> str:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import socket
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +44,9 @@ def tone(ms: int, rate: int = 16_000, level: int = 6000) -> np.ndarray:
     return np.round(level * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
 
 
-def utterance(ms: int = 400) -> np.ndarray:
+def tone_turn(ms: int = 400) -> np.ndarray:
+    """A caller's turn that is no speech: `ms` of 440 Hz tone between 100 ms silences (these
+    scripted servers only need something audible, of a known length)."""
     return concat(silence(100), tone(ms), silence(100))
 
 
@@ -70,11 +73,21 @@ class Line:
                 self.frames_received += 1
         return message, events
 
-    async def until_event(self, name: str) -> dict[str, Any]:
-        while True:
-            message, _ = await self.receive()
-            if message["event"] == name:
-                return message
+    async def next_event(self, name: str, within_s: float = 10.0) -> dict[str, Any]:
+        """The next message of event `name` the phone sends (a read, not a poll: each message
+        is read once, in order); fails after `within_s` with the events read meanwhile."""
+        read: list[str] = []
+        try:
+            async with asyncio.timeout(within_s):
+                while True:
+                    message, _ = await self.receive()
+                    if message["event"] == name:
+                        return message
+                    read.append(str(message["event"]))
+        except TimeoutError:
+            raise AssertionError(
+                f"no {name!r} from the phone within {within_s:g} s; it sent {Counter(read)}"
+            ) from None
 
     async def until_frames(self, count: int) -> None:
         target = self.frames_received + count
@@ -157,11 +170,11 @@ async def test_a_mark_comes_back_only_once_the_audio_before_it_has_played() -> N
         await line.play(25)  # 500 ms, all at once
         await line.mark("reply-1")
         before = line.frames_received
-        line.notes["echo"] = await line.until_event("mark")
+        line.notes["echo"] = await line.next_event("mark")
         line.notes["frames_until_echo"] = line.frames_received - before
 
     async with scripted_server(script) as switch:
-        result = await place_twilio_call(switch.url, [utterance()], reply_timeout_s=5, quiet_s=0.3)
+        result = await place_twilio_call(switch.url, [tone_turn()], reply_timeout_s=5, quiet_s=0.3)
 
     line = switch.lines[0]
     print(f"\nvoice-to-voice at the phone (ms): {result.turns[0].voice_to_voice_ms}")
@@ -189,12 +202,12 @@ async def test_clear_stops_playback_and_sends_every_pending_mark_back_at_once() 
         await line.until_frames(10)  # about 200 ms into the reply
         await line.clear()
         before = line.frames_received
-        names = [(await line.until_event("mark"))["mark"]["name"] for _ in range(2)]
+        names = [(await line.next_event("mark"))["mark"]["name"] for _ in range(2)]
         line.notes["names"] = names
         line.notes["frames_until_echoes"] = line.frames_received - before
 
     async with scripted_server(script) as switch:
-        result = await place_twilio_call(switch.url, [utterance()], reply_timeout_s=5, quiet_s=0.3)
+        result = await place_twilio_call(switch.url, [tone_turn()], reply_timeout_s=5, quiet_s=0.3)
 
     line = switch.lines[0]
     (cleared,) = result.events_named("clear")
@@ -223,7 +236,7 @@ async def test_barging_in_is_measured_from_speech_onset_to_silence() -> None:
     async with scripted_server(script) as switch:
         result = await place_twilio_call(
             switch.url,
-            [utterance(), utterance()],
+            [tone_turn(), tone_turn()],
             barge_in_after_ms=300,
             reply_timeout_s=5,
             quiet_s=0.3,
@@ -248,7 +261,7 @@ async def test_the_phone_speaks_twilios_messages_in_twilios_order() -> None:
     async with scripted_server(script) as switch:
         result = await place_twilio_call(
             switch.url,
-            [utterance(200)],
+            [tone_turn(200)],
             dtmf="12#",
             reply_timeout_s=5,
             quiet_s=0.2,
@@ -289,7 +302,7 @@ async def test_the_phone_leaves_when_the_server_hangs_up() -> None:
         await line.websocket.close()
 
     async with scripted_server(script) as switch:
-        result = await place_twilio_call(switch.url, [utterance(2000)], reply_timeout_s=30)
+        result = await place_twilio_call(switch.url, [tone_turn(2000)], reply_timeout_s=30)
     assert switch.lines[0].frames_received >= 5
     assert result.turns == [] and result.events_named("media") == []
 
@@ -340,7 +353,7 @@ async def test_a_call_through_the_webhook_follows_its_twiml() -> None:
         secure = switch.url.replace("ws://", "wss://")  # what a public server would answer
         async with webhook_server(secure) as base:
             result = await place_twilio_call(
-                base, [utterance(200)], auth_token=TOKEN, reply_timeout_s=5, quiet_s=0.2
+                base, [tone_turn(200)], auth_token=TOKEN, reply_timeout_s=5, quiet_s=0.2
             )
     start = switch.lines[0].start
     assert start is not None and start.call_id == result.call_id
@@ -351,8 +364,8 @@ async def test_a_call_through_the_webhook_follows_its_twiml() -> None:
 
 async def test_a_busy_webhook_turns_the_call_away_and_a_bad_signature_is_refused() -> None:
     async with webhook_server("ws://127.0.0.1:9/unused", busy=True) as base:
-        result = await place_twilio_call(base, [utterance()], auth_token=TOKEN)
+        result = await place_twilio_call(base, [tone_turn()], auth_token=TOKEN)
         assert result.rejected == "Sorry, all lines are busy." and not result.turns
         with pytest.raises(httpx.HTTPStatusError) as refused:
-            await place_twilio_call(base, [utterance()], auth_token="not-the-token")
+            await place_twilio_call(base, [tone_turn()], auth_token="not-the-token")
         assert refused.value.response.status_code == 403

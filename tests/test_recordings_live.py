@@ -1,13 +1,12 @@
 """Recordings on live phone calls: two real `hotline serve` workers sharing a real Redis, the
 faithful Twilio caller speaking real speech, an S3 bucket on loopback (moto's S3 server).
-A call on worker A is recorded in stereo (caller left, what the caller heard right), served
-by worker B (which asks A), copied to the bucket and served from there once A's file is gone;
-an agent may announce the recording first, or not record at all."""
+A call on worker A is recorded in stereo (caller left, what the caller heard right, cut where
+the caller's barge-in cut the reply), served by worker B (which asks A), copied to the bucket
+and served from there once A's file is gone; an agent may announce the recording first, or not
+record at all."""
 
 from __future__ import annotations
 
-import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,13 +14,14 @@ from typing import Any
 import httpx
 import pytest
 
-from pipeline.stt import SpeechToText
-from pipeline.transport import PCM, SAMPLE_RATE
-from tests.support.recordings import channels
+from pipeline.transport import SAMPLE_RATE
+from tests.support.poll import until
+from tests.support.recordings import FRAME_S, audible, channels
 from tests.support.redis_server import RedisServer
 from tests.support.s3 import ACCESS_KEY_ID, BUCKET, SECRET, bucket_client, fake_s3
 from tests.support.server import Server, start_server, stop_server
-from tests.support.speech import concat, piper, silence
+from tests.support.speech import concat, heard, piper, silence, utterance, words
+from voice.devtools.phone_caller import PhoneCallResult
 from voice.devtools.twilio_call import place_twilio_call
 
 pytestmark = pytest.mark.slow
@@ -33,6 +33,20 @@ ANNOUNCED = "+15552220002"
 UNRECORDED = "+15552220003"
 GREETING = "Welcome to the garden centre."
 NOTICE = "Calls to this line are recorded for training."
+# The caller cuts in 4 s into the reply: inside its second sentence, seconds before its end.
+BARGE_IN = "Hold on, do you sell apple trees?"
+BARGE_IN_AFTER_MS = 4000
+# The bot channel and the phone's speaker agree on how much of the cut reply played within
+# this. Measured: the same to the frame (4 runs on a loaded runner). Its margin is for what
+# differs between them: the phone measures its 8 kHz line, the recorder keeps the 16 kHz reply
+# (a soft fricative at the cut may be audible in one only), and the server's idea of what has
+# played is its send schedule. The rest of the reply recorded after the cut is seconds more
+# (+2.2 s when broken on purpose); no cut at all keeps the 0.2 s sent ahead (+0.16 s: not
+# caught here, below this margin).
+CUT_TOLERANCE_S = 0.5
+# A caller who hangs up once it has spoken, without waiting for the reply (none is heard this
+# soon: then the call ends; if one were, the caller would hear it out, only slower).
+NO_REPLY: dict[str, Any] = {"reply_timeout_s": 0.5, "quiet_s": 1.0}
 
 
 def agent(name: str, number: str, recording: str) -> str:
@@ -86,8 +100,8 @@ def workers(
         stop_server(a)
         raise
     yield a, b, a_dir
-    stop_server(b)
-    stop_server(a)
+    codes = [stop_server(b), stop_server(a)]
+    assert codes == [0, 0], "\n".join(a.log[-20:] + b.log[-20:])
 
 
 def api(server: Server, path: str, token: str | None = TOKEN) -> httpx.Response:
@@ -96,33 +110,63 @@ def api(server: Server, path: str, token: str | None = TOKEN) -> httpx.Response:
     return httpx.get(f"{server.url}{path}", headers=headers, timeout=30)
 
 
-def until(check: Any, within_s: float = 20.0) -> Any:
-    """`check()`'s first truthy value, asked until `within_s` has passed."""
-    deadline = time.monotonic() + within_s
-    while (found := check()) is None or found is False:
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.1)
-    return found
+def recorded(server: Server, call_id: str) -> dict[str, Any]:
+    """The call's detail once its recording is listed (the call has ended), else nothing."""
+    detail: dict[str, Any] = api(server, f"/calls/{call_id}").json()
+    return detail if detail.get("recording") else {}
 
 
-def words(pcm: PCM) -> set[str]:
-    text = SpeechToText.shared().transcribe_blocking(pcm).text
-    return set(re.findall(r"[a-z]+", text.lower()))
+def phone_offset_s(result: PhoneCallResult, right: list[bool]) -> float:
+    """Seconds to add to a time at the phone to place it on the recording, roughly (the same
+    clock as the server's on this host): the greeting is the first audio of both."""
+    return right.index(True) * FRAME_S - next(at for at, loud in result.playback if loud)
+
+
+def first_reply_s(result: PhoneCallResult, right: list[bool]) -> tuple[float, float]:
+    """How long the interrupted first reply lasted as the caller heard it and in the bot
+    channel, in audio time: from its first audible frame to its last before the cut. The
+    phone's side counts the frames it played (one every 20 ms of its audio, however late its
+    process ran them) up to the clear; the bot channel's, its 20 ms frames up to the second
+    reply, found by placing the phone's times on the recording."""
+    played = result.playback  # one entry per 20 ms frame played: (when, audible)
+    (clear,) = result.events_named("clear")
+    asked, second = result.turns[0].speech_end, result.turns[1].reply_start
+    assert second is not None, "the barge-in was answered"
+    start = next(k for k, (at, loud) in enumerate(played) if loud and at > asked)
+    stop = max(k for k, (at, loud) in enumerate(played) if loud and at < clear.at)
+    heard_s = (stop + 1 - start) * FRAME_S
+
+    offset = phone_offset_s(result, right)
+
+    def frame(at: float) -> int:
+        return round((at + offset) / FRAME_S)
+
+    # the reply begins at least the turn detector's 500 ms after the question: 0.25 s of
+    # placement error cannot take the question's end past it, nor the second reply's start
+    began = next(i for i in range(frame(asked) + 12, len(right)) if right[i])
+    kept = [i for i in range(began, frame(second) - 12) if right[i]]
+    return heard_s, (kept[-1] + 1 - began) * FRAME_S
 
 
 async def test_a_call_is_recorded_in_stereo_and_served_by_any_worker(
     workers: tuple[Server, Server, Path], bucket: str, tmp_path: Path
 ) -> None:
     a, b, a_dir = workers
-    # the caller waits out the greeting, then speaks
+    # the caller waits out the greeting, then speaks, then cuts the reply short
     speech = concat(silence(3000), piper("I would like to buy some tulip bulbs."), silence(200))
     result = await place_twilio_call(
-        a.url, [speech], parameters={"to": RECORDED}, auth_token=TWILIO_TOKEN, quiet_s=1.5
+        a.url,
+        [speech, utterance(BARGE_IN)],
+        barge_in_after_ms=BARGE_IN_AFTER_MS,
+        parameters={"to": RECORDED},
+        auth_token=TWILIO_TOKEN,
+        quiet_s=1.0,
     )
     assert result.rejected is None and not result.violations
     call_id = result.call_id
-    detail = until(lambda: (d := api(a, f"/calls/{call_id}").json()).get("recording") and d)
+    detail = await until(lambda: recorded(a, call_id), "the call's recording listed", 20)
     recording = detail["recording"]
+    assert isinstance(recording, dict)
     assert recording["url"] == f"/calls/{call_id}/recording"
     assert recording["content_type"] == "audio/ogg" and recording["bytes"] > 1000
     # the file is on A; B has no bucket and no file: it asks A
@@ -133,14 +177,42 @@ async def test_a_call_is_recorded_in_stereo_and_served_by_any_worker(
     assert served.content == on_a.read_bytes()
     left, right = channels(served.content)
     assert abs(left.size / SAMPLE_RATE - recording["duration_s"]) < 0.5
-    # left: what the caller said; right: what the caller heard (greeting, then the reply)
-    said, heard = words(left), words(right)
-    print(f"\nleft: {sorted(said)}\nright: {sorted(heard)}")
+    # left: what the caller said; right: what the caller heard (greeting, then the replies)
+    said, bot = words(heard(left)), words(heard(right))
+    print(f"\nleft: {sorted(said)}\nright: {sorted(bot)}")
     assert {"buy", "tulip", "bulbs"} & said, said  # tiny.en at 8 kHz: "some fewer balls"
-    assert {"welcome", "garden"} & heard, heard
+    assert {"welcome", "garden"} & bot, bot
     assert not {"welcome", "garden"} & said
+
+    # The barge-in: the server cut the first reply (one clear) ...
+    records = detail["records"]
+    assert isinstance(records, list) and len(records) == 2 and records[0]["interrupted"]
+    assert len(result.events_named("clear")) == 1
+    # ... and the bot channel holds that reply only as far as the caller heard it: it ends
+    # where the phone's speaker went silent (then silence until the next reply), not where the
+    # generated reply would have ended. Measured in the recording's audio time.
+    heard_s, recorded_s = first_reply_s(result, audible(right))
+    print(f"first reply: {heard_s:.2f} s heard, {recorded_s:.2f} s in the bot channel")
+    assert abs(recorded_s - heard_s) <= CUT_TOLERANCE_S, (
+        f"the bot channel holds {recorded_s:.2f} s of the first reply; the caller heard "
+        f"{heard_s:.2f} s of it before the barge-in cut it"
+    )
+    # the caller channel holds the barge-in itself, where the caller said it
+    cut_in = result.turns[1]
+    offset = phone_offset_s(result, audible(right))
+    start, end = (
+        round((t + offset) * SAMPLE_RATE) for t in (cut_in.onset - 0.3, cut_in.speech_end + 0.3)
+    )
+    barged = words(heard(left[start:end]))
+    print(f"caller channel at the barge-in: {sorted(barged)}")
+    assert {"hold", "sell", "apple", "trees"} & barged, barged
+
     # copied to the bucket; the call's record in Redis says so (B reads it there)
-    key = until(lambda: (api(b, f"/calls/{call_id}").json().get("recording") or {}).get("s3_key"))
+    key = await until(
+        lambda: (api(b, f"/calls/{call_id}").json().get("recording") or {}).get("s3_key"),
+        "the recording's bucket key in the call's record",
+        20,
+    )
     stored = bucket_client(bucket).get_object(Bucket=BUCKET, Key=key)
     assert stored["Body"].read() == on_a.read_bytes()
     assert stored["ContentType"] == "audio/ogg"
@@ -155,35 +227,40 @@ async def test_announce_says_the_notice_then_records(
 ) -> None:
     a, _, _ = workers
     speech = concat(silence(6000), piper("Do you sell roses?"), silence(200))
+    # the caller waits out the notice and the greeting, speaks, and hangs up without waiting
+    # for the reply (nothing here is about it)
     result = await place_twilio_call(
-        a.url, [speech], parameters={"to": ANNOUNCED}, auth_token=TWILIO_TOKEN, quiet_s=1.5
+        a.url, [speech], parameters={"to": ANNOUNCED}, auth_token=TWILIO_TOKEN, **NO_REPLY
     )
     assert result.rejected is None
-    detail = until(lambda: (d := api(a, f"/calls/{result.call_id}").json()).get("recording") and d)
+    detail = await until(lambda: recorded(a, result.call_id), "the call's recording listed", 20)
     # the caller heard the notice first, whole (tiny.en on the 8 kHz line mishears it: the
     # server's record of what was played says so) ...
     assert detail["history"][:2] == [
         {"role": "assistant", "content": NOTICE},
         {"role": "assistant", "content": GREETING},
     ]
-    url = detail["recording"]["url"]
-    left, right = channels(api(a, url).content)
+    recording = detail["recording"]
+    assert isinstance(recording, dict)
+    left, right = channels(api(a, recording["url"]).content)
     # ... and the recording began after it: the greeting is in it, the notice is not
-    heard = words(right)
-    assert {"welcome", "garden"} & heard, heard
-    assert not {"recorded", "training"} & heard
-    assert {"sell", "roses"} & words(left)
+    bot = words(heard(right))
+    assert {"welcome", "garden"} & bot, bot
+    assert not {"recorded", "training"} & bot
+    assert {"sell", "roses"} & words(heard(left))
 
 
 async def test_an_agent_may_record_nothing(workers: tuple[Server, Server, Path]) -> None:
     a, b, a_dir = workers
-    speech = concat(silence(300), piper("Are you open on Sunday?"), silence(200))
+    speech = utterance("Are you open on Sunday?")
     result = await place_twilio_call(
-        a.url, [speech], parameters={"to": UNRECORDED}, auth_token=TWILIO_TOKEN, quiet_s=1.0
+        a.url, [speech], parameters={"to": UNRECORDED}, auth_token=TWILIO_TOKEN, **NO_REPLY
     )
     assert result.rejected is None
-    detail = until(
-        lambda: (d := api(b, f"/calls/{result.call_id}").json())["state"] == "ended" and d
+    detail = await until(
+        lambda: (d := api(b, f"/calls/{result.call_id}").json())["state"] == "ended" and d,
+        "the call ended on B's view",
+        20,
     )
     assert detail["recording"] is None
     assert not (a_dir / f"{result.call_id}.ogg").exists()

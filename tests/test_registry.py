@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from pipeline.records import TurnRecord
+from tests.support.poll import until
 from tests.support.redis_server import RedisServer
 from voice.cluster.records import NoAck, RegisteredCall, RegistrySettings, UnknownCall, WorkerInfo
 from voice.cluster.registry import CallRegistry
@@ -28,14 +29,8 @@ HEARTBEAT_S, TTL_S = 0.2, 0.6
 
 Open = Callable[..., Awaitable[CallRegistry]]
 
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout_s: float = 5.0) -> float:
-    """Seconds until `check()` holds; fails after `timeout_s`."""
-    started = time.monotonic()
-    while not await check():
-        assert time.monotonic() - started < timeout_s, "condition not met in time"
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
+# `_: bool = await until(...)`: the annotation is what lets mypy solve the shared `until`'s
+# type variable for an async check (tests/support/poll.py).
 
 
 def turn(n: int) -> dict[str, Any]:
@@ -117,8 +112,10 @@ async def test_workers_register_heartbeat_and_expire(open_worker: Open) -> None:
 
     # Alive well past its TTL while it heartbeats; gone within the TTL once it stops.
     first_beat = next(w.heartbeat_at for w in await b.workers() if w.worker_id == "a")
-    await eventually(
-        lambda: _later_heartbeat(b, "a", first_beat + 2 * TTL_S), timeout_s=3 * TTL_S + 1
+    _: bool = await until(
+        lambda: _later_heartbeat(b, "a", first_beat + 2 * TTL_S),
+        "a heartbeat of a's written twice its TTL after its first",
+        within_s=3 * TTL_S + 1,
     )
     await a.stop()
     stopped = time.monotonic()  # a's last heartbeat reached Redis before this
@@ -130,7 +127,7 @@ async def test_workers_register_heartbeat_and_expire(open_worker: Open) -> None:
         looks.append((at, present))
         return not present
 
-    await eventually(gone, timeout_s=TTL_S + 1)
+    _ = await until(gone, "a gone from the workers once it stopped", within_s=TTL_S + 1)
     # Its heartbeat expires TTL_S after it was written: every look begun later misses it.
     late = [at - stopped for at, present in looks if present and at >= stopped + TTL_S]
     assert not late, f"still listed {late[-1]:.3f} s after its last heartbeat (TTL {TTL_S} s)"
@@ -242,7 +239,8 @@ async def test_watch_sees_events_from_another_worker(open_worker: Open) -> None:
             events.append(event)
 
     watcher = asyncio.create_task(collect())
-    await eventually(lambda: _has(events, "state"))  # live, before anything else is said
+    _: bool = await until(lambda: _has(events, "state"), "the watch's first event", within_s=5)
+    # (live, before anything else is said)
     a.publish("call-1", {"type": "transcript", "role": "caller", "text": "hello", "final": True})
     a.append_turn("call-1", turn(1))
     a.end_call("call-1")
@@ -275,7 +273,7 @@ async def test_control_reaches_the_owner_and_is_acknowledged(open_worker: Open) 
     # A command for a call that ends on its owner before the owner reads it: refused there.
     refused = asyncio.create_task(b.send_control("call-2", "hangup", timeout_s=3))
     inbox = f"{a.settings.key_prefix}:control:{{a}}"
-    await eventually(lambda: _queued(b, inbox))
+    _: bool = await until(lambda: _queued(b, inbox), "the command in a's inbox", within_s=5)
     a.end_call("call-2")
     serving = asyncio.create_task(owner())
     try:
@@ -309,7 +307,7 @@ async def test_reapers_mark_a_dead_workers_calls_lost_exactly_once(open_worker: 
     await a.stop()  # as good as dead: no more heartbeats
     assert await b.reap() == []  # not expired yet
 
-    await eventually(lambda: _absent(b, "a"), timeout_s=TTL_S + 1)
+    _: bool = await until(lambda: _absent(b, "a"), "a's heartbeat expired", within_s=TTL_S + 1)
     claims = await asyncio.gather(*(w.reap() for w in (b, c, b, c, b, c)))
     assert sorted(call for claim in claims for call in claim) == ["call-1", "call-2"]
     assert await b.active_calls() == []
@@ -331,7 +329,9 @@ async def test_background_reaper_finds_a_dead_worker_within_twice_the_ttl(
     assert await a.flush()
     await a.stop()
     last_beat = a.worker.heartbeat_at  # wall clock, like the time the reaper writes
-    await eventually(lambda: _state_is(b, "call-1", "lost"), timeout_s=2 * TTL_S + 2)
+    _: bool = await until(
+        lambda: _state_is(b, "call-1", "lost"), "call-1 marked lost", within_s=2 * TTL_S + 2
+    )
     assert await states(c, "call-1") == ["active", "lost"]
     found = await c.get_call("call-1")
     assert found is not None and [t["turn"] for t in found[1]] == [1]
@@ -380,7 +380,7 @@ async def test_redis_outage_buffers_turns_and_admits_as_fail_open_says(
         for n in (2, 3, 4):
             a.append_turn("call-1", turn(n))  # the call goes on
         a.publish("call-1", {"type": "transcript", "text": "still here"})
-        await eventually(lambda: _unhealthy(a))
+        _: bool = await until(lambda: _unhealthy(a), "a sees Redis down", within_s=5)
         started = time.monotonic()
         admission = await a.admit(RegisteredCall("call-2"))
         took = time.monotonic() - started
@@ -400,7 +400,7 @@ async def test_redis_outage_buffers_turns_and_admits_as_fail_open_says(
         assert found is not None
         assert [t["turn"] for t in found[1]] == [1, 2, 3, 4]
         expected = ["call-1", "call-2"] if fail_open else ["call-1"]
-        await eventually(lambda: _active_ids(a, expected))
+        _ = await until(lambda: _active_ids(a, expected), f"{expected} active", within_s=5)
         assert (await a.admit(RegisteredCall("call-3"))).accepted
     finally:
         await a.close()
@@ -452,8 +452,8 @@ async def test_redis_restarted_empty_gets_the_calls_back(tmp_path: Path) -> None
         server.stop()
         a.append_turn("call-1", turn(1))
         server.start()
-        await eventually(lambda: _active_ids(a, ["call-1"]))
-        await eventually(lambda: _state_is(a, "call-1", "active"))
+        _: bool = await until(lambda: _active_ids(a, ["call-1"]), "call-1 listed again", within_s=5)
+        _ = await until(lambda: _state_is(a, "call-1", "active"), "call-1 active", within_s=5)
         assert await a.flush(5)
         found = await a.get_call("call-1")
         assert found is not None

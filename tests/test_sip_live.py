@@ -9,76 +9,27 @@ import asyncio
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-import websockets
 
-from pipeline.stt import SpeechToText
-from pipeline.transport import PCM, SAMPLE_RATE
+from pipeline.transport import SAMPLE_RATE
 from tests.support.baresip import Baresip, baresip_installed
+from tests.support.poll import PollTimeout, until
 from tests.support.recordings import channels
-from tests.support.server import Server, free_port, logged, start_server, stop_server
-from tests.support.speech import concat, piper, silence
+from tests.support.server import Server, logged
+from tests.support.sip_server import GREETING, NUMBER, PBX_PASSWORD, SipServer
+from tests.support.speech import concat, heard, piper, silence, words
 from voice.audio import read_wav
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not baresip_installed(), reason="baresip missing (make test installs it)"),
 ]
-
-GREETING = "Thank you for calling the garden centre."
-NUMBER = "+15551230000"
-
-
-@pytest.fixture(scope="module")
-def sip_server() -> Iterator[tuple[Server, int]]:
-    port = free_port()
-    server = start_server(
-        {
-            "HOTLINE_SIP__ENABLED": "true",
-            "HOTLINE_SIP__PORT": str(port),
-            "HOTLINE_SIP__ALLOW": '["127.0.0.1/32"]',  # 127.0.0.2 is someone else
-            "HOTLINE_CONVERSATION__GREETING": GREETING,
-            "HOTLINE_SIP__ANSWER_AFTER_MS": "800",  # rings first: time to CANCEL
-        }
-    )
-    yield server, port
-    stopped_cleanly(server)
-
-
-@pytest.fixture(scope="module")
-def digest_server() -> Iterator[tuple[Server, int]]:
-    """A worker that lets 127.0.0.1 in and asks everyone else for a password."""
-    port = free_port()
-    server = start_server(
-        {
-            "HOTLINE_SIP__ENABLED": "true",
-            "HOTLINE_SIP__PORT": str(port),
-            "HOTLINE_SIP__ALLOW": '["127.0.0.1/32"]',
-            "HOTLINE_SIP__USERS": '{"pbx": "pbx-digest-secret"}',
-            "HOTLINE_SIP__MIN_SESSION_EXPIRES_S": "1",  # session timers in seconds, for tests
-        }
-    )
-    yield server, port
-    stopped_cleanly(server)
-
-
-def stopped_cleanly(server: Server) -> None:
-    """Stop a module's server and require a clean exit (0: every call closed, nothing crashed
-    on the way out)."""
-    code = stop_server(server)
-    tail = "\n".join(server.log[-30:])
-    assert code == 0, f"hotline serve exited {code}; its last lines:\n{tail}"
-
-
-def words(pcm: PCM) -> set[str]:
-    text = SpeechToText.shared().transcribe_blocking(pcm).text
-    return set(re.findall(r"[a-z]+", text.lower()))
 
 
 async def detail(server: Server, call_id: str) -> dict[str, Any]:
@@ -87,19 +38,23 @@ async def detail(server: Server, call_id: str) -> dict[str, Any]:
         return found
 
 
-async def until(server: Server, call_id: str, check: Any, within_s: float = 30.0) -> Any:
-    """The call's detail once `check(detail)` holds: looked at again after each of the call's
-    live events (and once more when the call ends)."""
-    url = server.url.replace("http://", "ws://") + f"/calls/{call_id}/live"
-    async with asyncio.timeout(within_s), websockets.connect(url) as events:
-        while not check(found := await detail(server, call_id)):
-            try:
-                await events.recv()  # something happened to the call: look again
-            except websockets.ConnectionClosed:
-                found = await detail(server, call_id)
-                assert check(found), found
-                break
-        return found
+async def call_where(
+    server: Server, call_id: str, check: Callable[[dict[str, Any]], object], within_s: float = 30.0
+) -> dict[str, Any]:
+    """The call's detail once `check(detail)` holds; fails with the last detail seen."""
+    last: dict[str, Any] = {}
+
+    async def look() -> bool:
+        nonlocal last
+        last = await detail(server, call_id)
+        return bool(check(last))
+
+    checked: Callable[[], bool | Awaitable[bool]] = look  # (mypy infers no T from a coroutine)
+    try:
+        await until(checked, f"call {call_id}", within_s, every_s=0.2)
+    except PollTimeout as timeout:
+        raise AssertionError(f"{timeout}; its last detail: {last}") from None
+    return last
 
 
 async def dial(server: Server, port: int, caller: Baresip) -> str:
@@ -114,15 +69,15 @@ async def dial(server: Server, port: int, caller: Baresip) -> str:
 
 
 async def test_a_call_hears_the_greeting_gets_an_answer_and_ends_with_the_callers_bye(
-    sip_server: tuple[Server, int], tmp_path: Path
+    sip_server: SipServer, tmp_path: Path
 ) -> None:
-    server, port = sip_server
+    server, port = sip_server.server, sip_server.port
     # baresip hangs up when its audio file ends: long enough for the test to hang up first
     speech = concat(silence(4000), piper("I would like to book a table for two."), silence(30_000))
     caller = Baresip(tmp_path / "baresip", speech)
     try:
         call_id = await dial(server, port, caller)
-        call = await until(server, call_id, lambda d: d.get("records"))
+        call = await call_where(server, call_id, lambda d: d.get("records"))
         assert call["transport"] == "sip"
         assert (call["caller"], call["callee"]) == ("caller", NUMBER)
         assert call["history"][0] == {"role": "assistant", "content": GREETING}
@@ -133,29 +88,29 @@ async def test_a_call_hears_the_greeting_gets_an_answer_and_ends_with_the_caller
         await caller.command("hangup")
         await caller.wait_logged("terminated (duration")
         await logged(server, f"call {call_id}: hang-up (caller hung up (BYE))", since=mark)
-        ended = await until(server, call_id, lambda d: d["state"] == "ended")
+        ended = await call_where(server, call_id, lambda d: d["state"] == "ended")
         assert ended["end_reason"] == "caller hung up (BYE)"
     finally:
         caller.stop()
     # what the softphone heard: the greeting, then the reply (8 kHz G.711)
     heard_path = caller.heard()
     assert heard_path is not None
-    heard = read_wav(heard_path, rate=SAMPLE_RATE)
-    assert {"garden", "calling", "thank"} & words(heard[: 4 * SAMPLE_RATE])
-    assert {"table", "book"} & words(heard[4 * SAMPLE_RATE :])
+    received = read_wav(heard_path, rate=SAMPLE_RATE)
+    assert {"garden", "calling", "thank"} & words(heard(received[: 4 * SAMPLE_RATE]))
+    assert {"table", "book"} & words(heard(received[4 * SAMPLE_RATE :]))
     # recorded like every call: the caller on the left, what the softphone heard on the right
-    recorded = await until(server, call_id, lambda d: d.get("recording"))
+    recorded = await call_where(server, call_id, lambda d: d.get("recording"))
     async with httpx.AsyncClient() as client:
         ogg = (await client.get(server.url + recorded["recording"]["url"])).content
     left, right = channels(ogg)
-    assert {"table", "book"} & words(left)
-    assert {"garden", "calling", "thank"} & words(right)
+    assert {"table", "book"} & words(heard(left))
+    assert {"garden", "calling", "thank"} & words(heard(right))
 
 
 async def test_keys_reach_the_call_and_a_hang_up_from_the_server_sends_bye(
-    sip_server: tuple[Server, int], tmp_path: Path
+    sip_server: SipServer, tmp_path: Path
 ) -> None:
-    server, port = sip_server
+    server, port = sip_server.server, sip_server.port
     caller = Baresip(tmp_path / "baresip", silence(20_000))
     try:
         call_id = await dial(server, port, caller)
@@ -179,11 +134,11 @@ async def test_keys_reach_the_call_and_a_hang_up_from_the_server_sends_bye(
 
 
 async def test_a_transfer_refers_the_caller_to_a_person(
-    sip_server: tuple[Server, int], tmp_path: Path
+    sip_server: SipServer, tmp_path: Path
 ) -> None:
     """The console's (or the agent's) transfer on a SIP call: a REFER to the caller's side,
     which calls the person (a second baresip that answers at once) and says how it went."""
-    server, port = sip_server
+    server, port = sip_server.server, sip_server.port
     caller = Baresip(tmp_path / "caller", silence(30_000))
     desk = Baresip(tmp_path / "desk", silence(30_000), user="desk", answer=True)
     try:
@@ -197,7 +152,7 @@ async def test_a_transfer_refers_the_caller_to_a_person(
             )
         assert asked.status_code == 200, asked.text
         await desk.wait_logged("Call established", within_s=30)  # the caller reached the desk
-        ended = await until(server, call_id, lambda d: d["state"] == "ended", within_s=40)
+        ended = await call_where(server, call_id, lambda d: d["state"] == "ended", within_s=40)
     finally:
         caller.stop()
         desk.stop()
@@ -227,9 +182,9 @@ def reply_frames_heard(dump: Path, after_s: float, before_s: float) -> int:
     `before_s` of its recording: frames with anything but the line's idle value in them (the
     server sends digital silence whenever no reply is playing: one μ-law code, which baresip
     decodes to one constant sample value, the commonest in the recording)."""
-    heard = read_wav(dump, rate=8000)
-    idle = int(np.bincount(heard.astype(np.int64) + 32768).argmax()) - 32768
-    part = heard[int(after_s * 8000) : int(before_s * 8000)]
+    audio = read_wav(dump, rate=8000)
+    idle = int(np.bincount(audio.astype(np.int64) + 32768).argmax()) - 32768
+    part = audio[int(after_s * 8000) : int(before_s * 8000)]
     assert len(part) >= (before_s - after_s) * 8000 - WIRE_FRAME, "the recording ends early"
     frames = part[: len(part) // WIRE_FRAME * WIRE_FRAME].reshape(-1, WIRE_FRAME)
     return int(np.count_nonzero((frames != idle).any(axis=1)))
@@ -258,12 +213,12 @@ def claimed_span_s(generated: str, history: str) -> tuple[float, float]:
 
 
 async def test_barge_in_stops_the_reply_and_the_history_holds_what_the_caller_heard(
-    sip_server: tuple[Server, int], tmp_path: Path
+    sip_server: SipServer, tmp_path: Path
 ) -> None:
     """The history of an interrupted reply is what the softphone received: the reply audio
     in baresip's recording, counted in 20 ms frames, stands where the history says the reply
     was cut (a history cut a sentence late or early is a second or more away)."""
-    server, port = sip_server
+    server, port = sip_server.server, sip_server.port
     first = piper("Hello, I have a question about my delivery.")
     again = piper("Sorry, wait, I have something else.")
     # the second sentence starts 2.5 s after the first ends: while the reply is playing; the
@@ -273,7 +228,7 @@ async def test_barge_in_stops_the_reply_and_the_history_holds_what_the_caller_he
     try:
         mark = server.log_mark()
         call_id = await dial(server, port, caller)
-        call = await until(server, call_id, lambda d: d["state"] == "ended")
+        call = await call_where(server, call_id, lambda d: d["state"] == "ended")
         await logged(server, f"call {call_id}: hang-up (caller hung up (BYE))", since=mark)
     finally:
         caller.stop()
@@ -300,10 +255,8 @@ async def test_barge_in_stops_the_reply_and_the_history_holds_what_the_caller_he
     )
 
 
-async def test_an_unlisted_source_is_refused(
-    sip_server: tuple[Server, int], tmp_path: Path
-) -> None:
-    server, port = sip_server
+async def test_an_unlisted_source_is_refused(sip_server: SipServer, tmp_path: Path) -> None:
+    server, port = sip_server.server, sip_server.port
     stranger = Baresip(tmp_path / "baresip", silence(1000), local_ip="127.0.0.2")
     try:
         stranger.start()
@@ -380,8 +333,8 @@ def options(port: int, branch: str) -> bytes:
     ).encode()
 
 
-async def test_options_keepalives_and_malformed_messages(sip_server: tuple[Server, int]) -> None:
-    server, port = sip_server
+async def test_options_keepalives_and_malformed_messages(sip_server: SipServer) -> None:
+    server, port = sip_server.server, sip_server.port
     answer = await asyncio.to_thread(udp_exchange, port, options(port, "ping1"))
     assert answer is not None and answer.startswith(b"SIP/2.0 200 OK")
     assert b"Allow: INVITE, ACK, BYE, CANCEL, OPTIONS" in answer
@@ -444,7 +397,10 @@ def statuses(sock: socket.socket, until: int) -> list[str]:
     """The status lines the socket receives, up to the first with code `until`."""
     seen: list[str] = []
     while not any(line.startswith(f"SIP/2.0 {until}") for line in seen):
-        seen.append(sock.recv(65535).split(b"\r\n", 1)[0].decode())
+        try:
+            seen.append(sock.recv(65535).split(b"\r\n", 1)[0].decode())
+        except TimeoutError:
+            raise AssertionError(f"no {until} within the socket's timeout; got {seen}") from None
     return seen
 
 
@@ -458,8 +414,8 @@ def cancel_before_answer(port: int) -> tuple[list[str], list[str]]:
         return ringing, statuses(sock, 487)
 
 
-async def test_cancel_before_the_answer(sip_server: tuple[Server, int]) -> None:
-    server, port = sip_server
+async def test_cancel_before_the_answer(sip_server: SipServer) -> None:
+    server, port = sip_server.server, sip_server.port
     mark = server.log_mark()
     ringing, after = await asyncio.to_thread(cancel_before_answer, port)
     assert ringing == ["SIP/2.0 100 Trying", "SIP/2.0 180 Ringing"]
@@ -469,12 +425,10 @@ async def test_cancel_before_the_answer(sip_server: tuple[Server, int]) -> None:
 
 
 async def test_a_pbx_elsewhere_gets_in_with_its_password(
-    digest_server: tuple[Server, int], tmp_path: Path
+    digest_sip_server: SipServer, tmp_path: Path
 ) -> None:
-    server, port = digest_server
-    pbx = Baresip(
-        tmp_path / "pbx", silence(5000), local_ip="127.0.0.2", auth=("pbx", "pbx-digest-secret")
-    )
+    server, port = digest_sip_server.server, digest_sip_server.port
+    pbx = Baresip(tmp_path / "pbx", silence(5000), local_ip="127.0.0.2", auth=("pbx", PBX_PASSWORD))
     try:
         await dial(server, port, pbx)  # challenged (401), answered, let in
     finally:
@@ -490,8 +444,8 @@ async def test_a_pbx_elsewhere_gets_in_with_its_password(
         wrong.stop()
 
 
-async def test_a_call_over_tcp(sip_server: tuple[Server, int], tmp_path: Path) -> None:
-    server, port = sip_server
+async def test_a_call_over_tcp(sip_server: SipServer, tmp_path: Path) -> None:
+    server, port = sip_server.server, sip_server.port
     speech = concat(silence(4000), piper("Do you sell roses?"), silence(30_000))  # we hang up
     caller = Baresip(tmp_path / "baresip", speech)
     try:
@@ -502,7 +456,7 @@ async def test_a_call_over_tcp(sip_server: tuple[Server, int], tmp_path: Path) -
         async with httpx.AsyncClient() as client:
             listed = (await client.get(f"{server.url}/calls")).json()["calls"]
         call_id = max(listed, key=lambda c: c["started_at"])["call_id"]
-        call = await until(server, call_id, lambda d: d.get("records"))
+        call = await call_where(server, call_id, lambda d: d.get("records"))
         assert "roses" in call["records"][0]["caller_text"].lower()
         await logged(server, f"sip: call {call_id} from 127.0.0.1 over TCP", since=mark)
         mark = server.log_mark()
@@ -513,9 +467,9 @@ async def test_a_call_over_tcp(sip_server: tuple[Server, int], tmp_path: Path) -
 
 
 async def test_eight_simultaneous_calls_are_all_answered(
-    sip_server: tuple[Server, int], tmp_path: Path
+    sip_server: SipServer, tmp_path: Path
 ) -> None:
-    server, port = sip_server
+    server, port = sip_server.server, sip_server.port
     phones = [Baresip(tmp_path / f"phone{n}", silence(20_000), user=f"phone{n}") for n in range(8)]
     try:
         for phone in phones:
@@ -574,10 +528,8 @@ def session_timer_call(port: int) -> tuple[str, str, str]:
         return ok, refreshed, expiry
 
 
-async def test_session_timers(
-    sip_server: tuple[Server, int], digest_server: tuple[Server, int]
-) -> None:
-    server, port = digest_server  # accepts intervals from 1 s
+async def test_session_timers(sip_server: SipServer, digest_sip_server: SipServer) -> None:
+    server, port = digest_sip_server.server, digest_sip_server.port  # accepts intervals from 1 s
     mark = server.log_mark()
     ok, refreshed, expiry = await asyncio.to_thread(session_timer_call, port)
     assert "Session-Expires: 2;refresher=uac" in ok and "Require: timer" in ok
@@ -585,7 +537,7 @@ async def test_session_timers(
     assert expiry.startswith("BYE ")
     await logged(server, "session expired (no refresh)", since=mark)
     # under the server's minimum (90 s): 422 and the minimum
-    _, small_port = sip_server
+    small_port = sip_server.port
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind(("127.0.0.1", 0))
         sock.settimeout(5.0)

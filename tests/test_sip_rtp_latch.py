@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import random
 import socket
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
+from tests.support.poll import until
 from tests.support.rtp_inbox import Inbox
-from tests.support.server import Server, free_port, logged, start_server, stop_server
+from tests.support.server import Server, logged
+from tests.support.sip_server import NUMBER, PBX_PASSWORD, SipServer
 from tests.support.speech import concat, piper, resample, silence
 from voice.audio import PCM
 from voice.devtools.sip_caller import open_caller_rtp
@@ -88,6 +88,7 @@ def speak(sock: socket.socket, port: int, count: int, first_sequence: int = 100)
 async def session(
     inbox: Inbox, remote: tuple[str, int] | None, signalling_host: str | None
 ) -> RtpSession:
+    extra: dict[str, Any] = {} if signalling_host is None else {"signalling_host": signalling_host}
     return await open_rtp_session(
         CALLER,
         (20_000, 40_000),
@@ -96,7 +97,7 @@ async def session(
         on_audio=inbox.on_audio,
         on_dtmf=lambda digit, at: None,
         remote=remote,
-        **({} if signalling_host is None else {"signalling_host": signalling_host}),
+        **extra,
     )
 
 
@@ -180,24 +181,13 @@ async def test_a_reinvite_moves_the_expected_source_with_the_media(
         rtp.close()
 
 
-async def until(condition: Callable[[], bool]) -> None:
-    """Let the event loop run (read datagrams) until `condition` holds; fails after WAIT_S."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while loop.time() < deadline:
-        if condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("the condition never held")
-
-
 async def test_with_no_known_host_nothing_latches(hosts: dict[str, socket.socket]) -> None:
     inbox = Inbox()
     rtp = await session(inbox, None, signalling_host=None)
     try:
         spray(hosts["stranger"], rtp.local_port, 3)
         speak(hosts["caller"], rtp.local_port, 1)
-        await until(lambda: rtp.foreign_dropped == 4)
+        await until(lambda: rtp.foreign_dropped == 4, "4 datagrams dropped", WAIT_S, 0.002)
         assert not rtp.latched and inbox.audio == []
         rtp.remote = address(hosts["caller"])  # the answer came: now the caller is known
         speak(hosts["caller"], rtp.local_port, 1, first_sequence=101)
@@ -312,36 +302,15 @@ async def test_a_nearly_full_range_still_finds_its_last_free_port() -> None:
 
 # -- end to end: a real `hotline serve` --------------------------------------------------------
 
-NUMBER = "+15551230000"
-PASSWORD = "pbx-latch-secret"
 STRANGER_WORDS = {"money", "account", "transfer"}
 
 
-@dataclass
-class Live:
-    server: Server
-    sip_port: int
-    rtp_ports: tuple[int, int]
-
-
-@pytest.fixture(scope="module")
-def live() -> Iterator[Live]:
-    """One worker for the end-to-end tests: calls from 127.0.0.1, a password for the rest, and
-    a small RTP range (8 even ports) that a stranger can spray whole."""
-    sip_port = free_port()
-    low = random.randrange(20_000, 29_000, 16)
-    server = start_server(
-        {
-            "HOTLINE_SIP__ENABLED": "true",
-            "HOTLINE_SIP__PORT": str(sip_port),
-            "HOTLINE_SIP__ALLOW": '["127.0.0.1/32"]',
-            "HOTLINE_SIP__USERS": json.dumps({"pbx": PASSWORD}),
-            "HOTLINE_SIP__RTP_PORTS": json.dumps([low, low + 16]),
-            "HOTLINE_CONVERSATION__GREETING": "Hello, this is the garden centre.",
-        }
-    )
-    yield Live(server, sip_port, (low, low + 16))
-    stop_server(server)
+@pytest.fixture
+def live(digest_sip_server: SipServer) -> SipServer:
+    """The end-to-end tests' worker, shared (tests/support/sip_server.py): calls from
+    127.0.0.1, a password for the rest, and a small RTP range (8 even ports) that a stranger
+    can spray whole."""
+    return digest_sip_server
 
 
 class Stranger(asyncio.DatagramProtocol):
@@ -398,19 +367,22 @@ async def newest_sip_call(server: Server) -> str:
 
 async def first_turns(server: Server, call_id: str, within_s: float = 40.0) -> list[Any]:
     """The call's turn records once there is one (looked at every 0.2 s, up to `within_s`)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
     async with httpx.AsyncClient() as client:
-        while loop.time() < deadline:
-            detail = (await client.get(f"{server.url}/calls/{call_id}")).json()
-            if detail.get("records"):
-                return list(detail["records"])
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"call {call_id} had no turn within {within_s} s")
+
+        async def turns() -> list[Any]:
+            found: list[Any] = (
+                (await client.get(f"{server.url}/calls/{call_id}")).json().get("records")
+            )
+            return found
+
+        checked: Callable[[], list[Any] | Awaitable[list[Any]]] = (
+            turns  # (mypy: T from a coroutine)
+        )
+        return await until(checked, f"a turn of call {call_id}", within_s, every_s=0.2)
 
 
 @pytest.mark.slow
-async def test_a_stranger_spraying_the_rtp_range_never_joins_a_real_call(live: Live) -> None:
+async def test_a_stranger_spraying_the_rtp_range_never_joins_a_real_call(live: SipServer) -> None:
     loop = asyncio.get_running_loop()
     stranger = Stranger(
         range(*live.rtp_ports, 2),
@@ -421,7 +393,7 @@ async def test_a_stranger_spraying_the_rtp_range_never_joins_a_real_call(live: L
     assert stranger.transport is not None
     spraying = asyncio.create_task(stranger.spray())
     caller_rtp = await open_caller_rtp(CALLER, lambda pcm, at: None, "PCMU")
-    leg = SipLeg("udp", (CALLER, live.sip_port), f"sip:{NUMBER}@{CALLER}:{live.sip_port}")
+    leg = SipLeg("udp", (CALLER, live.port), f"sip:{NUMBER}@{CALLER}:{live.port}")
     mic: asyncio.Task[None] | None = None
     try:
         await leg.open(CALLER, "latch-caller")
@@ -432,13 +404,16 @@ async def test_a_stranger_spraying_the_rtp_range_never_joins_a_real_call(live: L
         assert live.rtp_ports[0] <= media.port < live.rtp_ports[1]
         # the stranger's packets reach the call's port before the caller's first one
         dropped = f"RTP port {media.port}: "
-        for _ in range(200):  # up to 10 s
-            if stranger.received or any(
-                dropped in line and "not from the caller dropped" in line
-                for line in live.server.log
-            ):
-                break
-            await asyncio.sleep(0.05)
+        await until(
+            lambda: (
+                stranger.received
+                or any(
+                    dropped in line and "not from the caller dropped" in line
+                    for line in live.server.log[mark.line :]
+                )
+            ),
+            "the stranger's first packet at the call's port",
+        )
         mic = asyncio.create_task(
             speak_paced(caller_rtp, narrow(concat(piper("Do you sell roses?"), silence(2500))))
         )
@@ -472,7 +447,7 @@ def md5(text: str) -> str:
 def digest_answer(challenge: str, uri: str, nc: int = 1) -> str:
     """The Authorization a PBX sends for a WWW-Authenticate challenge (RFC 2617, qop=auth)."""
     _, params = parse_auth_params(challenge)
-    ha1 = md5(f"pbx:{params['realm']}:{PASSWORD}")
+    ha1 = md5(f"pbx:{params['realm']}:{PBX_PASSWORD}")
     ha2 = md5(f"INVITE:{uri}")
     nonce, cnonce = params["nonce"], "c0ffee"
     response = md5(f"{ha1}:{nonce}:{nc:08x}:{cnonce}:auth:{ha2}")
@@ -502,12 +477,12 @@ async def invite(leg: SipLeg, authorization: str | None, cseq: int = 1) -> SipMe
 
 
 @pytest.mark.slow
-async def test_a_digest_answer_gets_one_call_from_one_host(live: Live) -> None:
+async def test_a_digest_answer_gets_one_call_from_one_host(live: SipServer) -> None:
     """A PBX off the allow-list gets in with its password; the same Authorization again, in a
     new call from the same host, from another host, or to another number, gets nothing."""
-    target = f"sip:{NUMBER}@{CALLER}:{live.sip_port}"
+    target = f"sip:{NUMBER}@{CALLER}:{live.port}"
     legs = {
-        name: SipLeg("udp", (CALLER, live.sip_port), target)
+        name: SipLeg("udp", (CALLER, live.port), target)
         for name in ("pbx", "replay", "elsewhere", "other_number")
     }
     mark = live.server.log_mark()
@@ -527,7 +502,7 @@ async def test_a_digest_answer_gets_one_call_from_one_host(live: Live) -> None:
         elsewhere = await invite(legs["elsewhere"], authorization)
         assert elsewhere.status == 403, f"from another host it got {elsewhere.status}"
         other = legs["other_number"]
-        other.target = f"sip:+15559990000@{CALLER}:{live.sip_port}"
+        other.target = f"sip:+15559990000@{CALLER}:{live.port}"
         to_other_number = await invite(other, authorization)
         assert to_other_number.status == 403, f"to another number it got {to_other_number.status}"
         await logged(

@@ -7,11 +7,11 @@ with a call's Call-ID gets 482 and makes no second call."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import socket
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,29 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.server import Server, free_port, start_server, stop_server
+from tests.support.poll import PollTimeout, wait_until
+from tests.support.server import LogMark, Server, logged
+from tests.support.sip_server import NUMBER, SipServer
 
 pytestmark = pytest.mark.slow
-
-NUMBER = "+15551230000"
-RING_MS = 600  # every call rings this long first: time for a CANCEL
-RTP_PORTS = (20000, 30000)  # the server's default range
-
-
-@pytest.fixture(scope="module")
-def sip_server() -> Iterator[tuple[Server, int]]:
-    port = free_port()
-    server = start_server(
-        {
-            "HOTLINE_SIP__ENABLED": "true",
-            "HOTLINE_SIP__PORT": str(port),
-            "HOTLINE_SIP__ALLOW": '["127.0.0.1/32"]',  # 127.0.0.2-.9 are strangers
-            "HOTLINE_SIP__ANSWER_AFTER_MS": str(RING_MS),
-            "HOTLINE_MAX_CALLS": "2",  # a slot held by a call that should not be is missed
-        }
-    )
-    yield server, port
-    stop_server(server)
 
 
 # -- a raw SIP phone ---------------------------------------------------------------------------
@@ -127,45 +109,49 @@ class Phone:
         self, done: Callable[[list[Response]], bool], within_s: float = 5.0
     ) -> list[Response]:
         """The responses received (requests to us are left aside) until `done(responses)`;
-        fails after `within_s`."""
+        fails after `within_s` with the statuses that came."""
         seen: list[Response] = []
-        deadline = time.monotonic() + within_s
-        while not done(seen):
-            left = deadline - time.monotonic()
-            assert left > 0, f"{self.host}: timed out; got {[(r.status, r.method) for r in seen]}"
-            self.sip.settimeout(left)
-            try:
-                data = self.sip.recv(65535)
-            except TimeoutError:
-                continue
-            response = parse_response(data)
-            if response is not None:
-                seen.append(response)
+
+        def check() -> bool:
+            for data in waiting(self.sip):
+                if (response := parse_response(data)) is not None:
+                    seen.append(response)
+            return done(seen)
+
+        try:
+            wait_until(check, f"{self.host}: the responses awaited", within_s)
+        except PollTimeout as timeout:
+            raise AssertionError(f"{timeout}; got {[(r.status, r.method) for r in seen]}") from None
         return seen
 
     def rtp_packets(self, count: int, within_s: float = 5.0) -> int:
         """Wait for `count` RTP packets at this phone's RTP port; how many came (fails if
         fewer within `within_s`)."""
-        got = 0
-        deadline = time.monotonic() + within_s
-        while got < count:
-            left = deadline - time.monotonic()
-            assert left > 0, f"{self.host}: {got} RTP packets of {count}"
-            self.rtp.settimeout(left)
-            with contextlib.suppress(TimeoutError):
-                self.rtp.recv(2048)
-                got += 1
-        return got
+        got = [0]
+
+        def check() -> bool:
+            got[0] += len(waiting(self.rtp))
+            return got[0] >= count
+
+        try:
+            wait_until(check, f"{self.host}: {count} RTP packets", within_s)
+        except PollTimeout as timeout:
+            raise AssertionError(f"{timeout}; {got[0]} came") from None
+        return got[0]  # (all that were waiting: `count` or more)
 
     def rtp_waiting(self) -> int:
         """The RTP packets that arrived and were not read yet (read now)."""
-        self.rtp.setblocking(False)
-        got = 0
-        with contextlib.suppress(BlockingIOError):
-            while True:
-                self.rtp.recv(2048)
-                got += 1
-        return got
+        return len(waiting(self.rtp))
+
+
+def waiting(sock: socket.socket) -> list[bytes]:
+    """The datagrams that arrived at `sock` and were not read yet (read now)."""
+    sock.setblocking(False)
+    got: list[bytes] = []
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            got.append(sock.recv(65535))
+    return got
 
 
 def final(*transactions: tuple[str, str]) -> Callable[[list[Response]], bool]:
@@ -189,19 +175,20 @@ def calls_of(server: Server, caller: str) -> list[dict[str, Any]]:
     return [c for c in listed if c["transport"] == "sip" and c["caller"] == caller]
 
 
-def wait_until(condition: Callable[[], bool], what: str, within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+def logged_sync(server: Server, fragment: str, since: LogMark) -> None:
+    """`logged()` for these tests, which are synchronous (blocking sockets): a line after
+    `since` holding `fragment`, or its failure with the server's last lines."""
+    asyncio.run(logged(server, fragment, since=since))
 
 
-def wait_logged(server: Server, fragment: str) -> None:
-    wait_until(lambda: any(fragment in line for line in list(server.log)), repr(fragment))
+def active_calls(server: Server) -> int:
+    """The calls this worker holds a slot for (its /healthz count, admitted calls included)."""
+    count: int = httpx.get(f"{server.url}/healthz").json()["active_calls"]
+    return count
 
 
-def rtp_sockets(pid: int) -> int:
-    """The UDP sockets process `pid` holds on ports of the RTP range."""
+def rtp_sockets(pid: int, ports: tuple[int, int]) -> int:
+    """The UDP sockets process `pid` holds on `ports` (its RTP range)."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         with contextlib.suppress(OSError):
@@ -210,7 +197,7 @@ def rtp_sockets(pid: int) -> int:
                 inodes.add(target[len("socket:[") : -1])
     with open(f"/proc/{pid}/net/udp") as table:
         rows = [line.split() for line in table.read().splitlines()[1:]]
-    low, high = RTP_PORTS
+    low, high = ports
     return sum(low <= int(row[1].split(":")[1], 16) < high and row[9] in inodes for row in rows)
 
 
@@ -234,141 +221,143 @@ def hang_up(server: Server, phone: Phone, call: str, to_tag: str | None) -> None
 # -- the tests ---------------------------------------------------------------------------------
 
 
+@dataclass
+class Line:
+    """The shared SIP server, and the phones a test placed on it (closed after the test)."""
+
+    server: Server
+    port: int
+    rtp_ports: tuple[int, int]
+    phones: list[Phone]
+
+    def phone(self, host: str, user: str) -> Phone:
+        made = Phone(host, self.port, user)
+        self.phones.append(made)
+        return made
+
+
+@pytest.fixture
+def line(sip_server: SipServer) -> Iterator[Line]:
+    made = Line(sip_server.server, sip_server.port, sip_server.rtp_ports, [])
+    yield made
+    for phone in made.phones:
+        phone.close()
+
+
 def test_a_strangers_reinvite_is_refused_and_the_media_stays_with_the_caller(
-    sip_server: tuple[Server, int],
+    line: Line,
 ) -> None:
-    server, port = sip_server
-    caller = Phone("127.0.0.1", port, "reinvited")
-    stranger = Phone("127.0.0.2", port, "stranger")
+    server = line.server
+    caller = line.phone("127.0.0.1", "reinvited")
+    stranger = line.phone("127.0.0.2", "stranger")
     call = "reinvite-call"
-    try:
-        ok = answered_call(caller, call)
-        caller.rtp_packets(10)  # the bot's RTP (silence) flows to the caller
-        # the stranger knows the Call-ID and both tags, and offers its own RTP address
-        move = stranger.request("INVITE", call, "move", cseq=2, to_tag=ok.to_tag, sdp=True)
-        stranger.send(move)
-        assert of(stranger.until(final(("INVITE", "move"))), "INVITE") == [403]
-        wait_logged(server, "sip: INVITE from 127.0.0.2 refused")
-        caller.rtp_waiting()
-        assert caller.rtp_packets(25) == 25  # the media still goes to the caller...
-        assert stranger.rtp_waiting() == 0  # ...and none to the stranger
-        hang_up(server, caller, call, ok.to_tag)
-    finally:
-        caller.close()
-        stranger.close()
+    ok = answered_call(caller, call)
+    caller.rtp_packets(10)  # the bot's RTP (silence) flows to the caller
+    # the stranger knows the Call-ID and both tags, and offers its own RTP address
+    move = stranger.request("INVITE", call, "move", cseq=2, to_tag=ok.to_tag, sdp=True)
+    mark = server.log_mark()
+    stranger.send(move)
+    assert of(stranger.until(final(("INVITE", "move"))), "INVITE") == [403]
+    logged_sync(server, "sip: INVITE from 127.0.0.2 refused", since=mark)
+    caller.rtp_waiting()
+    assert caller.rtp_packets(25) >= 25  # the media still goes to the caller...
+    assert stranger.rtp_waiting() == 0  # ...and none to the stranger
+    hang_up(server, caller, call, ok.to_tag)
 
 
-def test_a_strangers_bye_and_update_are_refused_and_the_call_goes_on(
-    sip_server: tuple[Server, int],
-) -> None:
-    server, port = sip_server
-    caller = Phone("127.0.0.1", port, "byed")
-    stranger = Phone("127.0.0.3", port, "stranger")
+def test_a_strangers_bye_and_update_are_refused_and_the_call_goes_on(line: Line) -> None:
+    server = line.server
+    caller = line.phone("127.0.0.1", "byed")
+    stranger = line.phone("127.0.0.3", "stranger")
     call = "bye-call"
-    try:
-        ok = answered_call(caller, call)
-        [listed] = calls_of(server, "byed")
-        stranger.send(stranger.request("BYE", call, "bye", cseq=3, to_tag=ok.to_tag))
-        stranger.send(stranger.request("UPDATE", call, "upd", cseq=4, to_tag=ok.to_tag))
-        seen = stranger.until(final(("BYE", "bye"), ("UPDATE", "upd")))
-        assert (of(seen, "BYE"), of(seen, "UPDATE")) == ([403], [403])
-        wait_logged(server, "sip: BYE from 127.0.0.3 refused")
-        caller.rtp_waiting()
-        caller.rtp_packets(25)  # the call goes on
-        detail = httpx.get(f"{server.url}/calls/{listed['call_id']}").json()
-        assert detail["state"] != "ended", detail
-        hang_up(server, caller, call, ok.to_tag)  # and ends with the caller's own BYE
-    finally:
-        caller.close()
-        stranger.close()
+    ok = answered_call(caller, call)
+    [listed] = calls_of(server, "byed")
+    mark = server.log_mark()
+    stranger.send(stranger.request("BYE", call, "bye", cseq=3, to_tag=ok.to_tag))
+    stranger.send(stranger.request("UPDATE", call, "upd", cseq=4, to_tag=ok.to_tag))
+    seen = stranger.until(final(("BYE", "bye"), ("UPDATE", "upd")))
+    assert (of(seen, "BYE"), of(seen, "UPDATE")) == ([403], [403])
+    logged_sync(server, "sip: BYE from 127.0.0.3 refused", since=mark)
+    caller.rtp_waiting()
+    caller.rtp_packets(25)  # the call goes on
+    detail = httpx.get(f"{server.url}/calls/{listed['call_id']}").json()
+    assert detail["state"] != "ended", detail
+    hang_up(server, caller, call, ok.to_tag)  # and ends with the caller's own BYE
 
 
 def test_a_ringing_call_is_cancelled_only_by_its_caller_and_by_its_invites_branch(
-    sip_server: tuple[Server, int],
+    line: Line,
 ) -> None:
-    server, port = sip_server
-    caller = Phone("127.0.0.1", port, "ringing")
-    stranger = Phone("127.0.0.4", port, "stranger")
+    server = line.server
+    caller = line.phone("127.0.0.1", "ringing")
+    stranger = line.phone("127.0.0.4", "stranger")
     call = "ringing-call"
-    try:
-        caller.send(caller.request("INVITE", call, "ring-1", sdp=True))
-        caller.until(lambda seen: 180 in of(seen, "INVITE"))
-        # the INVITE's own branch and Via, copied, from elsewhere and with another tag
-        cancel = stranger.request(
-            "CANCEL", call, "ring-1", from_tag="other-tag", sent_by=f"127.0.0.1:{caller.sip_port}"
+    caller.send(caller.request("INVITE", call, "ring-1", sdp=True))
+    caller.until(lambda seen: 180 in of(seen, "INVITE"))
+    # the INVITE's own branch and Via, copied, from elsewhere and with another tag
+    cancel = stranger.request(
+        "CANCEL", call, "ring-1", from_tag="other-tag", sent_by=f"127.0.0.1:{caller.sip_port}"
+    )
+    mark = server.log_mark()
+    stranger.send(cancel)
+    assert of(stranger.until(final(("CANCEL", "ring-1"))), "CANCEL") == [403]
+    logged_sync(server, "sip: CANCEL from 127.0.0.4 refused", since=mark)
+    # from the caller's address, but for a transaction that does not exist: 481
+    caller.send(caller.request("CANCEL", call, "ring-2"))
+    seen = caller.until(final(("CANCEL", "ring-2"), ("INVITE", "ring-1")))
+    assert of(seen, "CANCEL") == [481]
+    assert of(seen, "INVITE") == [200]  # the call is answered all the same
+    [ok] = [r for r in seen if r.method == "INVITE"]
+    caller.send(caller.request("ACK", call, "ring-ack", to_tag=ok.to_tag))
+    hang_up(server, caller, call, ok.to_tag)
+
+
+def test_a_cancel_right_behind_its_invite_always_wins_and_keeps_nothing(line: Line) -> None:
+    server = line.server
+    caller = line.phone("127.0.0.1", "hasty")
+    rtp_before = rtp_sockets(server.process.pid, line.rtp_ports)
+    slots_before = active_calls(server)  # (a call of an earlier test may still be ending)
+    for n in range(20):
+        call, branch = f"race{n}-call", f"race{n}"
+        caller.send(  # one burst: the CANCEL arrives while the INVITE is being admitted
+            caller.request("INVITE", call, branch, sdp=True),
+            caller.request("CANCEL", call, branch),
         )
-        stranger.send(cancel)
-        assert of(stranger.until(final(("CANCEL", "ring-1"))), "CANCEL") == [403]
-        wait_logged(server, "sip: CANCEL from 127.0.0.4 refused")
-        # from the caller's address, but for a transaction that does not exist: 481
-        caller.send(caller.request("CANCEL", call, "ring-2"))
-        seen = caller.until(final(("CANCEL", "ring-2"), ("INVITE", "ring-1")))
-        assert of(seen, "CANCEL") == [481]
-        assert of(seen, "INVITE") == [200]  # the call is answered all the same
-        [ok] = [r for r in seen if r.method == "INVITE"]
-        caller.send(caller.request("ACK", call, "ring-ack", to_tag=ok.to_tag))
-        hang_up(server, caller, call, ok.to_tag)
-    finally:
-        caller.close()
-        stranger.close()
+        seen = caller.until(final(("INVITE", branch), ("CANCEL", branch)))
+        assert [s for s in of(seen, "CANCEL") if s >= 200] == [200], (n, seen)
+        assert [s for s in of(seen, "INVITE") if s >= 200] == [487], (n, seen)
+        caller.send(caller.request("ACK", call, branch))  # the 487's ACK
+    # nothing kept: no call admitted or holding a slot, no RTP port open
+    wait_until(lambda: not calls_of(server, "hasty"), "the cancelled calls to go")
+    wait_until(lambda: active_calls(server) <= slots_before, f"slots held back to {slots_before}")
+    assert rtp_sockets(server.process.pid, line.rtp_ports) <= rtp_before
+    second = line.phone("127.0.0.1", "hasty-too")  # and calls are answered again
+    first_ok, second_ok = (
+        answered_call(caller, "after1-call"),
+        answered_call(second, "after2-call"),
+    )
+    hang_up(server, caller, "after1-call", first_ok.to_tag)
+    hang_up(server, second, "after2-call", second_ok.to_tag)
 
 
-def test_a_cancel_right_behind_its_invite_always_wins_and_keeps_nothing(
-    sip_server: tuple[Server, int],
-) -> None:
-    server, port = sip_server
-    caller = Phone("127.0.0.1", port, "hasty")
-    rtp_before = rtp_sockets(server.process.pid)
-    try:
-        for n in range(20):
-            call, branch = f"race{n}-call", f"race{n}"
-            caller.send(  # one burst: the CANCEL arrives while the INVITE is being admitted
-                caller.request("INVITE", call, branch, sdp=True),
-                caller.request("CANCEL", call, branch),
-            )
-            seen = caller.until(final(("INVITE", branch), ("CANCEL", branch)))
-            assert [s for s in of(seen, "CANCEL") if s >= 200] == [200], (n, seen)
-            assert [s for s in of(seen, "INVITE") if s >= 200] == [487], (n, seen)
-            caller.send(caller.request("ACK", call, branch))  # the 487's ACK
-        # nothing kept: no call admitted, no RTP port open, and both slots are free
-        wait_until(lambda: not calls_of(server, "hasty"), "the cancelled calls to go")
-        assert rtp_sockets(server.process.pid) == rtp_before
-        second = Phone("127.0.0.1", port, "hasty-too")
-        try:
-            first_ok, second_ok = (
-                answered_call(caller, "after1-call"),
-                answered_call(second, "after2-call"),
-            )
-            hang_up(server, caller, "after1-call", first_ok.to_tag)
-            hang_up(server, second, "after2-call", second_ok.to_tag)
-        finally:
-            second.close()
-    finally:
-        caller.close()
-
-
-def test_a_second_invite_with_a_calls_call_id_makes_no_second_call(
-    sip_server: tuple[Server, int],
-) -> None:
-    server, port = sip_server
-    caller = Phone("127.0.0.1", port, "twice")
+def test_a_second_invite_with_a_calls_call_id_makes_no_second_call(line: Line) -> None:
+    server = line.server
+    caller = line.phone("127.0.0.1", "twice")
     call = "twice-call"
-    try:
-        caller.send(  # the same request forked over two paths: two branches, one Call-ID
-            caller.request("INVITE", call, "fork-a", sdp=True),
-            caller.request("INVITE", call, "fork-b", sdp=True),
-        )
-        seen = caller.until(final(("INVITE", "fork-a"), ("INVITE", "fork-b")))
-        finals = {r.branch: r for r in seen if r.status >= 200}
-        assert (finals["fork-a"].status, finals["fork-b"].status) == (200, 482)
-        wait_logged(server, "its Call-ID is in use (482)")
-        caller.send(caller.request("ACK", call, "fork-ack", to_tag=finals["fork-a"].to_tag))
-        assert len(calls_of(server, "twice")) == 1
-        # a retransmission of the answered INVITE makes no call either
-        caller.send(caller.request("INVITE", call, "fork-a", sdp=True))
-        hang_up(server, caller, call, finals["fork-a"].to_tag)  # the one call ends
-    finally:
-        caller.close()
+    mark = server.log_mark()
+    caller.send(  # the same request forked over two paths: two branches, one Call-ID
+        caller.request("INVITE", call, "fork-a", sdp=True),
+        caller.request("INVITE", call, "fork-b", sdp=True),
+    )
+    seen = caller.until(final(("INVITE", "fork-a"), ("INVITE", "fork-b")))
+    finals = {r.branch: r for r in seen if r.status >= 200}
+    assert (finals["fork-a"].status, finals["fork-b"].status) == (200, 482)
+    logged_sync(server, "its Call-ID is in use (482)", since=mark)
+    caller.send(caller.request("ACK", call, "fork-ack", to_tag=finals["fork-a"].to_tag))
+    assert len(calls_of(server, "twice")) == 1
+    # a retransmission of the answered INVITE makes no call either
+    caller.send(caller.request("INVITE", call, "fork-a", sdp=True))
+    hang_up(server, caller, call, finals["fork-a"].to_tag)  # the one call ends
 
 
 def test_a_refusal_a_flood_repeats_is_logged_now_and_then(caplog: pytest.LogCaptureFixture) -> None:

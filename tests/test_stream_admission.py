@@ -8,6 +8,7 @@ test_twilio_webhook.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from av.frame import Frame
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from tests.support.poll import until
 from tests.support.providers import TelnyxWire, VonageWire, Wire
 from tests.support.server import Server, logged, start_server, stop_server
 from voice.devtools.webrtc_caller import CallerMicrophone
@@ -37,10 +39,11 @@ def guarded() -> Iterator[Server]:
             "HOTLINE_API_TOKEN": TOKEN,
             "HOTLINE_TELEPHONY__MEDIA_IDLE_TIMEOUT_S": str(IDLE_S),
             "HOTLINE_WEBRTC__MEDIA_IDLE_TIMEOUT_S": str(IDLE_S),
+            "HOTLINE_WARM_UP": "false",  # no call here is ever transcribed or answered
         }
     )
     yield running
-    stop_server(running)
+    assert stop_server(running) == 0, "\n".join(running.log[-30:])
 
 
 async def stream_url(http: httpx.AsyncClient, wire: Wire) -> str:
@@ -54,24 +57,36 @@ async def stream_url(http: httpx.AsyncClient, wire: Wire) -> str:
 
 async def state(http: httpx.AsyncClient, call_id: str) -> dict[str, Any] | None:
     response = await http.get(f"/calls/{call_id}", headers=AUTH)
-    return response.json() if response.status_code == 200 else None  # type: ignore[no-any-return]
+    return response.json() if response.status_code == 200 else None
 
 
 async def open_and_wait(url: str, wire: Wire, http: httpx.AsyncClient) -> str:
-    """Send the provider's opening, then one frame of silence every 20 ms until the server
-    lists the call ("admitted") or closes the socket ("closed CODE")."""
+    """Send the provider's opening, then one frame of silence every 20 ms (the phone's clock)
+    until the server lists the call ("admitted") or closes the socket ("closed CODE")."""
     silence = wire.media(np.zeros(wire.frame_samples * 16_000 // wire.wire_rate, np.int16))
     try:
         async with connect(url, compression=None, open_timeout=10) as socket:
             for message in wire.opening():
                 await socket.send(message)
-            for _ in range(250):  # bounded: 5 s of audio
+
+            async def phone_clock() -> None:
+                with contextlib.suppress(ConnectionClosed):
+                    while True:
+                        await socket.send(silence)
+                        await asyncio.sleep(0.02)
+
+            async def outcome() -> str | None:
+                if socket.close_code is not None:
+                    return f"closed {socket.close_code}"
                 found = await state(http, wire.call_id)
-                if found is not None and found["state"] == "active":
-                    return "admitted"
-                await socket.send(silence)
-                await asyncio.sleep(0.02)  # the phone's own 20 ms clock
-            raise AssertionError("neither admitted nor closed")
+                return "admitted" if found is not None and found["state"] == "active" else None
+
+            clock = asyncio.create_task(phone_clock())
+            try:
+                seen: str | None = await until(outcome, "the call admitted or its socket closed")
+            finally:
+                clock.cancel()
+            return str(seen)
     except ConnectionClosed as closed:
         return f"closed {closed.rcvd.code if closed.rcvd else None}"
 
@@ -121,8 +136,8 @@ async def test_a_phone_stream_that_goes_silent_is_hung_up(guarded: Server) -> No
             for message in wire.opening():
                 await socket.send(message)
             # ...and then nothing, though the socket stays open and answers pings
-            closed = await asyncio.wait_for(socket.wait_closed(), 20 * IDLE_S)
-            assert closed is None and socket.close_code == 1000
+            await asyncio.wait_for(socket.wait_closed(), 20 * IDLE_S)
+            assert socket.close_code == 1000
         detail = await state(http, wire.call_id)
         assert detail is not None and detail["state"] == "ended"
         assert detail["end_reason"] == f"no audio for {IDLE_S:.0f} s"
@@ -149,19 +164,17 @@ async def test_a_webrtc_caller_whose_audio_stops_is_hung_up(guarded: Server) -> 
         await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
         call_id = answer["call_id"]
         try:
-            for _ in range(200):  # bounded: the media connects
-                if pc.connectionState == "connected":
-                    break
-                await asyncio.sleep(0.05)
-            assert pc.connectionState == "connected"
+            _: bool = await until(lambda: pc.connectionState == "connected", "media connected")
             await microphone.say(np.zeros(8000, np.int16))  # half a second of audio went out
             sender.replaceTrack(FrozenMicrophone())  # the connection stays up, RTP stops
-            for _ in range(400):  # bounded: 20 s
+
+            async def ended() -> dict[str, Any] | None:
                 detail = await state(http, call_id)
-                if detail is not None and detail["state"] == "ended":
-                    break
-                await asyncio.sleep(0.05)
-            assert detail is not None and detail["state"] == "ended"
-            assert detail["end_reason"] == f"no audio for {IDLE_S:.0f} s"
+                return detail if detail is not None and detail["state"] == "ended" else None
+
+            detail: dict[str, Any] | None = await until(
+                ended, "the call ended for its silence", within_s=20 * IDLE_S
+            )
+            assert detail is not None and detail["end_reason"] == f"no audio for {IDLE_S:.0f} s"
         finally:
             await pc.close()

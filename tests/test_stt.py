@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from pipeline.stt import SpeechToText, STTSettings, resolve_model_dir
-from tests.support.speech import RATE, concat, espeak, silence
+from tests.support.speech import RATE, concat, espeak, silence, words
 
 BOOKING = "I would like to book a table, for two people, at seven"
 
 
-def words(text: str) -> set[str]:
-    return set(re.findall(r"[a-z0-9']+", text.lower()))
-
-
-def utterance(text: str, voice: str = "en-us") -> np.ndarray:
+def turn(text: str, voice: str = "en-us") -> np.ndarray:
+    """`text` in espeak-ng at its own speed, framed as the VAD hands a turn to STT (its 200 ms
+    pre-roll before, 300 ms after): what the model is given in a call, not a caller's utterance
+    (that is `tests.support.speech.utterance`, framed for a line)."""
     return concat(silence(200), espeak(text, voice), silence(300))
 
 
@@ -31,7 +29,7 @@ def tiny() -> SpeechToText:
 
 
 def test_tiny_en_transcribes_the_key_words(tiny: SpeechToText) -> None:
-    audio = utterance(BOOKING)
+    audio = turn(BOOKING)
 
     transcript = tiny.transcribe_blocking(audio)
 
@@ -52,7 +50,7 @@ async def test_transcribe_runs_off_the_event_loop(tiny: SpeechToText) -> None:
             await asyncio.sleep(0)
 
     ticking = asyncio.create_task(ticker())
-    transcript = await tiny.transcribe(utterance("Please cancel my order", "en-gb"))
+    transcript = await tiny.transcribe(turn("Please cancel my order", "en-gb"))
     done.set()
     await ticking
 
@@ -64,7 +62,7 @@ async def test_transcribe_runs_off_the_event_loop(tiny: SpeechToText) -> None:
 async def test_concurrent_turns_all_get_their_own_text(tiny: SpeechToText) -> None:
     texts = ["Yes please", "My name is Alice", "What time do you open tomorrow"]
 
-    results = await asyncio.gather(*(tiny.transcribe(utterance(t)) for t in texts))
+    results = await asyncio.gather(*(tiny.transcribe(turn(t)) for t in texts))
 
     for transcript in results:
         print(
@@ -134,6 +132,6 @@ def test_base_is_joined_once_and_transcribes(
     assert (built / "model.bin").stat().st_size == model_bin.st_size
 
     base = SpeechToText(STTSettings(model="base", workers=1, cpu_threads=2))
-    transcript = base.transcribe_blocking(utterance(BOOKING))
+    transcript = base.transcribe_blocking(turn(BOOKING))
     print(f"base: load {base.load_s:.2f} s, {transcript.inference_s * 1000:.0f} ms (cold)")
     assert {"book", "table", "people"} <= words(transcript.text)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import re
 import statistics
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from pipeline.stt_window import (
     repeated_run,
     window_for,
 )
-from tests.support.speech import RATE, concat, espeak, noise, silence
+from tests.support.speech import RATE, concat, espeak, noise, silence, words_in_order
 from voice.audio import resample
 from voice.devtools.wer import word_errors
 
@@ -48,10 +47,6 @@ def piper(text: str) -> np.ndarray:
     every run hears the same audio: with piper's default noise, "Please transfer me" came out
     of the fitted window as "Place transfer meet" in 2 processes of 6, the 30 s window never."""
     return _steady_piper(text).copy()
-
-
-def words(text: str) -> list[str]:
-    return re.findall(r"[a-z0-9']+", text.lower())
 
 
 def turn(speech: np.ndarray) -> np.ndarray:
@@ -106,10 +101,10 @@ def test_the_window_is_the_smallest_bucket_holding_audio_and_margin(
 
 
 def test_repeated_run_is_the_longest_stretch_repeating_the_one_before() -> None:
-    assert repeated_run(words("Yes, that's right. Yes, that's right.")) == 3
-    assert repeated_run(words("Yes, that's right. Yes, that's right. Yes")) == 4
-    assert repeated_run(words("no no no")) == 2
-    assert repeated_run(words("My order number is four five seven two")) == 0
+    assert repeated_run(words_in_order("Yes, that's right. Yes, that's right.")) == 3
+    assert repeated_run(words_in_order("Yes, that's right. Yes, that's right. Yes")) == 4
+    assert repeated_run(words_in_order("no no no")) == 2
+    assert repeated_run(words_in_order("My order number is four five seven two")) == 0
     assert repeated_run([]) == 0
 
 
@@ -130,13 +125,13 @@ def test_repeated_run_is_the_longest_stretch_repeating_the_one_before() -> None:
     ],
 )
 def test_the_loop_detector_tells_loops_from_speech(text: str, looped: bool) -> None:
-    assert looks_looped(words(text), text, tokens=12, cap=40) is looped
+    assert looks_looped(words_in_order(text), text, tokens=12, cap=40) is looped
 
 
 def test_reaching_the_token_cap_is_a_loop() -> None:
     text = "I would like to"
-    assert not looks_looped(words(text), text, tokens=39, cap=40)
-    assert looks_looped(words(text), text, tokens=40, cap=40)
+    assert not looks_looped(words_in_order(text), text, tokens=39, cap=40)
+    assert looks_looped(words_in_order(text), text, tokens=40, cap=40)
 
 
 def test_compression_ratio_flags_character_loops() -> None:
@@ -174,11 +169,11 @@ def test_a_window_too_tight_loops_and_the_guard_catches_it() -> None:
 
     for result in results:
         print(f"{result.window_s} s window: {result.text!r} suspect={result.suspect}")
-    repeats = [r for r in results if words(r.text).count("right") >= 2]
+    repeats = [r for r in results if words_in_order(r.text).count("right") >= 2]
     assert repeats, "no tight window looped: nothing to catch"
     assert all(r.suspect for r in repeats)
     fitted = decoder.decode(samples, window_for(len(samples) / RATE) or 30, cap)
-    assert words(fitted.text) == ["yes", "that's", "right"]
+    assert words_in_order(fitted.text) == ["yes", "that's", "right"]
     assert not fitted.suspect
 
 
@@ -212,7 +207,7 @@ def test_the_window_follows_the_length_of_the_turn(fit: SpeechToText) -> None:
     assert [t.window_s for t in transcripts] == [10, 15, 30]
     assert not any(t.retried for t in transcripts)
     for t in transcripts[1:]:
-        assert {"table", "order", "billing"} <= set(words(t.text))
+        assert {"table", "order", "billing"} <= set(words_in_order(t.text))
 
 
 def test_silence_skips_the_fitted_window(fit: SpeechToText) -> None:
@@ -273,5 +268,5 @@ def test_base_detects_the_language_and_takes_the_prompt_in_a_fitted_window(
     transcript = base.transcribe_blocking(turn(piper("My name is Sarah Johnson.")))
 
     print(f"base, language detected: {transcript.text!r} in {transcript.window_s:.0f} s")
-    assert words(transcript.text) == ["my", "name", "is", "sarah", "johnson"]
+    assert words_in_order(transcript.text) == ["my", "name", "is", "sarah", "johnson"]
     assert (transcript.window_s, transcript.retried) == (10, False)

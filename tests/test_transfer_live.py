@@ -16,7 +16,7 @@ from tests.support.provider_apis import ProviderApis
 from tests.support.provider_phone import TestPhone
 from tests.support.providers import TelnyxWire, VonageWire, Wire
 from tests.support.server import start_server, stop_server
-from tests.support.speech import concat, piper, silence
+from tests.support.speech import utterance
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ async def call_and_ask(url: str, wire: Wire) -> TestPhone:
     async with connect(url + wire.route, compression=None) as socket:
         phone = TestPhone(socket, wire)
         async with phone.call(hang_up=False):
-            phone.say(concat(silence(300), piper("Can you transfer me to a person, please?")))
+            phone.say(utterance("Can you transfer me to a person, please?"))
             await asyncio.wait_for(phone.closed.wait(), 60)
     return phone
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import xml.etree.ElementTree as ET
@@ -13,6 +12,7 @@ import httpx
 import pytest
 import websockets
 
+from tests.support.poll import until
 from tests.support.server import Server, logged, start_server, stop_server
 from voice.server.settings import TelephonySettings
 from voice.transports.phone.twilio import twilio_signature
@@ -83,18 +83,22 @@ async def stream_outcome(server: Server, call_sid: str, token: str | None, **hea
         async with websockets.connect(url, additional_headers=headers) as phone:
             await phone.send(json.dumps(start_message(call_sid, token)))
             async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
-                for _ in range(100):  # bounded: the server admits, or closes the socket
+
+                async def admitted() -> bool:  # the server admits, or closes the socket
                     if await call_state(http, call_sid) == "active":
-                        break
+                        return True
                     await phone.send(json.dumps(media_message()))
-                else:
-                    raise AssertionError("neither admitted nor closed")
+                    return False
+
+                async def ended() -> bool:
+                    return await call_state(http, call_sid) == "ended"
+
+                done: bool = await until(admitted, f"call {call_sid} admitted or refused")
                 await phone.close()
-                for _ in range(100):  # the line is free again before the next test call
-                    if await call_state(http, call_sid) == "ended":
-                        return "admitted"
-                    await asyncio.sleep(0.05)
-                raise AssertionError("the call did not end when its stream closed")
+                # the line is free again before the next test call
+                done = await until(ended, f"call {call_sid} ended once its stream closed")
+                assert done
+                return "admitted"
     except websockets.ConnectionClosed as closed:
         return f"closed {closed.rcvd.code if closed.rcvd else None}"
     except websockets.InvalidStatus as refused:
@@ -173,10 +177,15 @@ async def test_at_capacity_the_webhook_rejects_the_call_politely(signed_server: 
         await phone.send(json.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}))
         await phone.send(json.dumps(start_message(sid, token)))
         async with httpx.AsyncClient(base_url=signed_server.url, timeout=10) as http:
-            for _ in range(100):  # bounded wait for the server to admit the call
+
+            async def admitted() -> bool:
                 if (await http.get("/healthz")).json()["active_calls"] == 1:
-                    break
+                    return True
                 await phone.send(json.dumps(media_message()))
+                return False
+
+            taken: bool = await until(admitted, "the server to admit the first call")
+            assert taken
             signature = twilio_signature(TOKEN, f"{signed_server.url}/twilio/voice", FORM)
             response = await http.post(
                 "/twilio/voice", data=FORM, headers={"X-Twilio-Signature": signature}

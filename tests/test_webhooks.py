@@ -3,9 +3,10 @@ receiver (Starlette under uvicorn on a free loopback port) that checks every sig
 `voice.agents.http_tools.verify`.
 
 Every test gets its own key prefix on the module's Redis; the outage test has a Redis of its
-own to stop and start. Waits are on the receiver's condition or on an outcome, bounded; no
-duration is asserted, only orderings the design promises (a retry comes no sooner than the
-receiver's Retry-After; a crashed worker's delivery goes out again no sooner than its lease).
+own to stop and start; the crash test runs two real `hotline serve` workers and SIGKILLs one.
+Waits poll the receiver or an outcome (`tests.support.poll.until`), bounded; no duration is
+asserted, only orderings the design promises (a retry comes no sooner than the receiver's
+Retry-After; a crashed worker's delivery goes out again no sooner than its lease).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,7 +26,6 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
@@ -33,14 +33,17 @@ from starlette.routing import Route
 
 from pipeline.llm.client import ChatMessage
 from pipeline.records import TurnRecord
+from tests.support.media_line import serving_on_loopback
+from tests.support.poll import PollTimeout, until
 from tests.support.redis_server import RedisServer
-from tests.support.server import free_port
+from tests.support.server import free_port, start_server, stop_server
 from voice.agents.http_tools import verify
 from voice.cluster.records import RegistrySettings, RegistryUnavailable, WorkerInfo
 from voice.cluster.registry import CallRegistry
 from voice.cluster.store import connect
 from voice.cluster.webhook_store import MAX_BODY_BYTES, delivery_key, due_key, json_body
 from voice.cluster.webhooks import WebhookOutbox, WebhookSettings
+from voice.devtools.twilio_call import place_twilio_call
 from voice.server.after_call import AfterCall, fitted
 from voice.server.call_records import CallRecord
 
@@ -69,6 +72,7 @@ class Received:
     body: bytes
     signed: bool  # the signature verified
     at: float  # time.time() on arrival
+    path: str  # /hooks, or /hooks/<worker> (the live crash test gives each worker its own)
 
 
 @dataclass
@@ -81,7 +85,6 @@ class Receiver:
     answers: list[tuple[int, dict[str, str]]] = field(default_factory=list)
     hold: int = 0
     release: asyncio.Event = field(default_factory=asyncio.Event)
-    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     @property
     def url(self) -> str:
@@ -90,9 +93,21 @@ class Receiver:
     def fail(self, *statuses: int, headers: dict[str, str] | None = None) -> None:
         self.answers += [(status, headers or {}) for status in statuses]
 
-    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-        async with asyncio.timeout(timeout_s), self.changed:
-            await self.changed.wait_for(predicate)
+    async def arrived(self, count: int, within_s: float = WAIT_S) -> list[Received]:
+        """The requests received, once there are `count` of them (fails with those there)."""
+
+        def enough() -> list[Received] | None:
+            return list(self.received) if len(self.received) >= count else None
+
+        try:
+            got: list[Received] | None = await until(
+                enough, f"{count} request(s) at the receiver", within_s
+            )
+        except PollTimeout as timeout:
+            seen = [(r.path, r.delivery_id, r.signed) for r in self.received]
+            raise AssertionError(f"{timeout}; it received {seen}") from None
+        assert got is not None
+        return got
 
     async def handle(self, request: Request) -> Response:
         raw = await request.body()
@@ -106,10 +121,9 @@ class Receiver:
             body=raw,
             signed=verify(SECRET.encode(), signature, raw, now=time.time()),
             at=time.time(),
+            path=request.url.path,
         )
         self.received.append(seen)
-        async with self.changed:
-            self.changed.notify_all()
         if not seen.signed:
             return PlainTextResponse("bad signature", status_code=401)
         if self.hold:
@@ -122,23 +136,14 @@ class Receiver:
 @pytest.fixture
 async def receiver() -> AsyncIterator[Receiver]:
     state = Receiver()
-    app = Starlette(routes=[Route("/hooks", state.handle, methods=["POST"])])
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    state.port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=5
-    )
-    config.load()
-    server = uvicorn.Server(config)
-    server.lifespan = config.lifespan_class(config)  # what Server.serve would set
-    await server.startup(sockets=[sock])  # listening once this returns
-    try:
-        yield state
-    finally:
-        state.release.set()  # held requests end, so shutdown does not wait on them
-        await server.shutdown(sockets=[sock])
-        sock.close()
+    routes = [Route(path, state.handle, methods=["POST"]) for path in ("/hooks", "/hooks/{who}")]
+    app = Starlette(routes=routes)
+    async with serving_on_loopback(app, log_level="warning", timeout_graceful_shutdown=5) as port:
+        state.port = port
+        try:
+            yield state
+        finally:
+            state.release.set()  # held requests end, so shutdown does not wait on them
 
 
 # -- outboxes ----------------------------------------------------------------------------------
@@ -204,38 +209,47 @@ async def start(redis_server: RedisServer, receiver: Receiver) -> AsyncIterator[
         await close()
 
 
-async def until(check: Callable[[], Awaitable[bool]]) -> None:
-    """Wait until `check()` (state in Redis, or the outbox's) holds; bounded."""
-    async with asyncio.timeout(WAIT_S):
-        while True:
-            if await check():
-                return
-            await asyncio.sleep(0.02)
+@dataclass
+class Seen:
+    """A delivery's outcome as a poll sees it: true once `ready`, shown as the outcome (so a
+    poll that times out says what the outcome last was)."""
+
+    outcome: dict[str, Any] | None
+    ready: bool
+
+    def __bool__(self) -> bool:
+        return self.ready
+
+    def __repr__(self) -> str:
+        return repr(self.outcome)
+
+
+async def outcome_once(
+    outbox: WebhookOutbox, delivery_id: str, ready: Callable[[dict[str, Any]], bool], what: str
+) -> dict[str, Any]:
+    """The delivery's outcome, once `ready(outcome)`; fails with the last outcome seen."""
+
+    async def check() -> Seen:
+        outcome = await outbox.outcome(delivery_id)
+        return Seen(outcome, outcome is not None and ready(outcome))
+
+    seen: Seen = await until(check, f"delivery {delivery_id}: {what}", WAIT_S)
+    assert seen.outcome is not None
+    return seen.outcome
 
 
 async def answered_once(outbox: WebhookOutbox, delivery_id: str) -> dict[str, Any]:
     """The outcome once the first attempt's answer is recorded."""
-    outcome: dict[str, Any] | None = None
-
-    async def recorded() -> bool:
-        nonlocal outcome
-        outcome = await outbox.outcome(delivery_id)
-        return outcome is not None and outcome["last_status"] is not None
-
-    await until(recorded)
-    assert outcome is not None
-    return outcome
+    return await outcome_once(
+        outbox, delivery_id, lambda o: o["last_status"] is not None, "an answer recorded"
+    )
 
 
 async def settled(outbox: WebhookOutbox, delivery_id: str) -> dict[str, Any]:
     """The outcome once it is final (`delivered` or `failed`)."""
-    async with asyncio.timeout(WAIT_S):
-        while True:
-            outcome = await outbox.outcome(delivery_id)
-            assert outcome is not None
-            if outcome["state"] != "pending":
-                return outcome
-            await asyncio.sleep(0.02)
+    return await outcome_once(
+        outbox, delivery_id, lambda o: o["state"] != "pending", "delivered or failed"
+    )
 
 
 # -- settings ----------------------------------------------------------------------------------
@@ -398,12 +412,12 @@ async def test_a_worker_that_crashes_mid_send_leaves_it_to_another_after_the_lea
     receiver.hold = 1
     a = await start("a", timeout_s=2.0, lease_s=2.5)
     delivery_id = await a.outbox.enqueue("call-8", DOCUMENT)
-    await receiver.wait_for(lambda: len(receiver.received) == 1)  # a's send is in flight
+    await receiver.arrived(1)  # a's send is in flight
     lease_until = await a.outbox.redis.zscore(due_key(a.outbox._prefix), delivery_id)
     await a.crash()
 
     b = await start("b", timeout_s=2.0, lease_s=2.5)
-    await receiver.wait_for(lambda: len(receiver.received) == 2)
+    await receiver.arrived(2)
     outcome = await settled(b.outbox, delivery_id)
 
     first, second = receiver.received
@@ -431,6 +445,75 @@ async def test_two_workers_never_send_the_same_attempt(start: Start, receiver: R
     assert by_id == {d: f"call-{n}" for n, d in enumerate(ids)}
 
 
+LEASE_S = 3.0  # the live crash test's HOTLINE_WEBHOOK__LEASE_S (over its 2 s timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_a_killed_workers_delivery_is_sent_again_by_another_after_its_lease(
+    redis_server: RedisServer, receiver: Receiver
+) -> None:
+    """Two real `hotline serve` workers on one Redis. A call ends on X; X's delivery reaches the
+    receiver, which holds it unanswered; X is SIGKILLed. Y sends the same delivery (same id,
+    same bytes, signed) once X's lease has ended, not before, and the outcome in Redis becomes
+    delivered. Each worker posts to its own path, so the receiver knows who sent. Y is stopped
+    (SIGSTOP) until X's attempt has arrived, so X is the one that sends first."""
+    prefix = f"crash-{uuid.uuid4().hex[:8]}"
+
+    def env(who: str) -> dict[str, str]:
+        return {
+            "HOTLINE_REDIS_URL": redis_server.url,
+            "HOTLINE_SESSIONS__KEY_PREFIX": prefix,
+            "HOTLINE_WEBHOOK__URL": f"{receiver.url}/{who}",
+            "HOTLINE_WEBHOOK__SECRET": SECRET,
+            "HOTLINE_WEBHOOK__TIMEOUT_S": "2",
+            "HOTLINE_WEBHOOK__LEASE_S": str(LEASE_S),
+            "HOTLINE_WARM_UP": "false",  # the call says nothing
+        }
+
+    receiver.hold = 1  # X's attempt is never answered
+    x, y = await asyncio.gather(
+        asyncio.to_thread(start_server, env("x")), asyncio.to_thread(start_server, env("y"))
+    )
+    client = connect(RegistrySettings(redis_url=redis_server.url, socket_timeout_s=2.0))
+    try:
+        y.process.send_signal(signal.SIGSTOP)
+        stream = x.url.replace("http://", "ws://") + "/twilio/stream"
+        call = await place_twilio_call(stream, [])  # connects, then hangs up: the call ends on X
+        first = (await receiver.arrived(1))[0]
+        lease_until = await client.zscore(due_key(prefix), first.delivery_id)
+        x.process.kill()  # SIGKILL, its send in flight
+        assert await asyncio.to_thread(x.process.wait, 10) == -signal.SIGKILL
+        y.process.send_signal(signal.SIGCONT)
+
+        first, second = (await receiver.arrived(2, within_s=LEASE_S + WAIT_S))[:2]
+        async with httpx.AsyncClient() as http:
+            settings = WebhookSettings.model_validate({"url": receiver.url, "secret": SECRET})
+            reader = WebhookOutbox(client, prefix, settings, http, "reader")  # reads outcomes
+            outcome = await settled(reader, first.delivery_id)
+    finally:
+        if y.process.poll() is None:
+            y.process.send_signal(signal.SIGCONT)
+        if x.process.poll() is None:
+            x.process.kill()
+        code = await asyncio.to_thread(stop_server, y)
+        await client.aclose()
+    # Not before X's lease ended: the lease X took in Redis, and as measured from X's attempt
+    # (which came a moment after X took it).
+    after_s = second.at - first.at
+    again = f"attempt 2 ({second.path}) {after_s:.2f} s after attempt 1 ({first.path})"
+    assert after_s >= LEASE_S - 0.5, f"{again}: before the {LEASE_S:g} s lease ended"
+    assert lease_until is not None and second.at >= lease_until, (second.at, lease_until)
+    assert (first.path, second.path) == ("/hooks/x", "/hooks/y"), again
+    assert first.call_id == second.call_id == call.call_id and first.event == "call.ended"
+    assert first.delivery_id == second.delivery_id  # what the receiver de-duplicates on
+    assert first.signed and second.signed and first.body == second.body
+    assert json.loads(second.body)["call"]["call_id"] == call.call_id
+    assert (outcome["state"], outcome["attempts"], outcome["last_status"]) == ("delivered", 2, 200)
+    assert len(receiver.received) == 2
+    assert code == 0, "\n".join(y.log[-40:])
+
+
 # -- Redis -------------------------------------------------------------------------------------
 
 
@@ -447,10 +530,7 @@ async def test_a_redis_outage_does_not_end_the_loop(
         own.stop()
         enqueueing = asyncio.create_task(a.outbox.enqueue("call-10", DOCUMENT))  # waits
 
-        async def down() -> bool:
-            return not a.outbox.healthy
-
-        await until(down)
+        await until(lambda: not a.outbox.healthy, "the outbox to see Redis down", WAIT_S)
         with pytest.raises(RegistryUnavailable):
             await a.outbox.outcome(before)  # reads fail
         with pytest.raises(RegistryUnavailable):
@@ -541,7 +621,7 @@ async def test_a_long_calls_document_goes_truncated_signed_and_links_the_whole(
     whole: dict[str, Any] = {"event": "call.ended", "call": record.detail(), "recording": None}
     assert len(json_body(whole)) > 2 * MAX_BODY_BYTES
     await after.finish(record)
-    await receiver.wait_for(lambda: len(receiver.received) == 1)
+    await receiver.arrived(1)
 
     [got] = receiver.received
     assert got.signed and got.call_id == record.call_id and got.event == "call.ended"
@@ -578,7 +658,7 @@ async def test_a_short_calls_document_goes_whole(
     after = AfterCall(sessions, None, a.outbox)
     record = long_call(turns=3, words=5)
     await after.finish(record)
-    await receiver.wait_for(lambda: len(receiver.received) == 1)
+    await receiver.arrived(1)
     document = json.loads(receiver.received[0].body)
     assert document == {"event": "call.ended", "call": record.detail(), "recording": None}
     assert "truncated" not in document

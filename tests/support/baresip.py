@@ -11,11 +11,11 @@ import shutil
 import socket
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.transport import PCM, SAMPLE_RATE
+from tests.support.poll import PollTimeout, until, wait_until
 from tests.support.server import free_port
 from voice.audio import resample, write_wav
 
@@ -44,7 +44,6 @@ class Baresip:
     sip_port: int = field(default_factory=free_port)
     process: subprocess.Popen[str] | None = None
     log: list[str] = field(default_factory=list)
-    _changed: threading.Condition = field(default_factory=threading.Condition, repr=False)
 
     def start(self) -> None:
         """Start baresip; on a port taken meanwhile (another test process), on fresh ports."""
@@ -109,23 +108,28 @@ class Baresip:
         def pump() -> None:
             assert self.process is not None and self.process.stdout is not None
             for line in self.process.stdout:
-                with self._changed:
-                    self.log.append(line.rstrip())
-                    self._changed.notify_all()
+                self.log.append(line.rstrip())
 
         threading.Thread(target=pump, daemon=True).start()
-        deadline = time.monotonic() + 10
-        while True:
+        process = self.process
+
+        def listening() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"baresip exited {process.returncode}")
             with (
                 contextlib.suppress(OSError),
                 socket.create_connection(("127.0.0.1", self.control_port), timeout=0.5),
             ):
-                return
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                if self.process.poll() is not None and self.logged("Address already in use"):
-                    raise PortTaken
-                raise RuntimeError("baresip did not start:\n" + "\n".join(self.log[-30:]))
-            time.sleep(0.05)
+                return True
+            return False
+
+        try:
+            wait_until(listening, "baresip's control socket", 10)
+        except (PollTimeout, RuntimeError) as failed:
+            if process.poll() is not None and self.logged("Address already in use"):
+                raise PortTaken from None
+            tail = "\n".join(self.log[-30:])
+            raise RuntimeError(f"baresip did not start ({failed}):\n{tail}") from None
 
     async def command(self, command: str, params: str = "") -> dict[str, object]:
         """One ctrl_tcp command and its response."""
@@ -148,14 +152,13 @@ class Baresip:
         return any(fragment in line for line in self.log)
 
     async def wait_logged(self, fragment: str, within_s: float = 20.0) -> None:
-        """Until baresip's log has `fragment` (its own event lines: call established, closed)."""
-
-        def wait() -> bool:
-            with self._changed:
-                return self._changed.wait_for(lambda: self.logged(fragment), within_s)
-
-        if not await asyncio.to_thread(wait):
-            raise TimeoutError(f"baresip never logged {fragment!r}:\n" + "\n".join(self.log[-30:]))
+        """Until baresip's log has `fragment` (its own event lines: call established, closed);
+        fails with its last lines."""
+        try:
+            await until(lambda: self.logged(fragment), f"baresip to log {fragment!r}", within_s)
+        except PollTimeout as timeout:
+            tail = "\n".join(self.log[-30:])
+            raise AssertionError(f"{timeout}; its last lines:\n{tail}") from None
 
     def heard(self) -> Path | None:
         """The WAV of decoded audio baresip received (sndfile's dump), once written."""

@@ -25,7 +25,8 @@ from pipeline.transport import (
     PlaybackCleared,
     Taps,
 )
-from tests.support.speech import concat, espeak, frames, silence
+from tests.support.speech import concat, frames, silence
+from tests.support.speech import utterance as shared_utterance
 
 
 class ScriptedSTT:
@@ -311,4 +312,10 @@ async def speak(pcm: PCM) -> AsyncIterator[InboundEvent]:
 
 
 def utterance(text: str) -> PCM:
-    return concat(silence(200), espeak(text), silence(700))
+    """The caller's turn in the scripted conversation tests: the shared
+    `tests.support.speech.utterance` in espeak-ng's en-us voice at its own 160 wpm, reframed
+    with 200 ms of silence before and 700 ms after (the shared one: 300 and 200). The 700 ms
+    tail outlasts the turn detector's 500 ms end-of-turn silence, so each turn ends inside its
+    own clip, and these tests' timelines are counted from that framing."""
+    spoken = shared_utterance(text, "en-us", wpm=160)[SAMPLE_RATE // 10 :]  # 300 -> 200 ms
+    return concat(spoken, silence(500))  # 200 -> 700 ms

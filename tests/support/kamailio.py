@@ -4,16 +4,15 @@ list of the given workers and a runtime directory of its own (its kamcmd socket)
 
 from __future__ import annotations
 
-import asyncio
 import re
 import shutil
 import subprocess
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.poll import PollTimeout, until, wait_until
 from tests.support.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,24 +89,35 @@ class Kamailio:
                 self.log.append(line.rstrip())
 
         threading.Thread(target=pump, daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while not (self.runtime / "ctl").exists():  # made by the ctl module once it is up
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                self.stop()
-                raise RuntimeError("kamailio did not start:\n" + "\n".join(self.log[-30:]))
-            time.sleep(0.05)
+        process = self.process
+
+        def up() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"kamailio exited {process.returncode}")
+            return (self.runtime / "ctl").exists()  # made by the ctl module once it is up
+
+        try:
+            wait_until(up, "kamailio's control socket", timeout_s)
+        except (PollTimeout, RuntimeError) as failed:
+            self.stop()
+            tail = "\n".join(self.log[-30:])
+            raise RuntimeError(f"kamailio did not start ({failed}):\n{tail}") from None
 
     def count(self, fragment: str) -> int:
         return sum(fragment in line for line in list(self.log))
 
     async def wait_logged(self, fragment: str, times: int = 1, within_s: float = 15.0) -> None:
         """Until `fragment` is in `times` lines of the log (its xlog lines say what it did)."""
-        deadline = time.monotonic() + within_s
-        while self.count(fragment) < times:
-            if time.monotonic() > deadline:
-                tail = "\n".join(self.log[-30:])
-                raise TimeoutError(f"kamailio never logged {fragment!r} x{times}:\n{tail}")
-            await asyncio.sleep(0.05)
+        try:
+            await until(
+                lambda: self.count(fragment) >= times, f"kamailio to log {fragment!r}", within_s
+            )
+        except PollTimeout as timeout:
+            tail = "\n".join(self.log[-30:])
+            seen = self.count(fragment)
+            raise AssertionError(
+                f"{timeout}; {seen} of {times} time(s); its last lines:\n{tail}"
+            ) from None
 
     def destinations(self) -> dict[str, str]:
         """`kamcmd dispatcher.list`: each destination's URI and its flags (AP: active and

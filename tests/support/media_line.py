@@ -2,7 +2,11 @@
 the phone route runs a call (voice/server/routes/phone.py): wait for the provider's start, a
 `PhoneStream`, `pump` with the media idle timeout. No pipeline: a call optionally plays one
 reply and records how it ended. Routes as the server's: `/twilio/stream`, `/telnyx/stream`,
-`/vonage/stream`."""
+`/vonage/stream`.
+
+`serving_on_loopback` is how a test serves any ASGI app this way (the webhook receiver of
+tests/test_webhooks.py too): uvicorn in the test's own event loop, on a free loopback port,
+listening once the context is entered."""
 
 from __future__ import annotations
 
@@ -12,11 +16,13 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
+from starlette.types import ASGIApp
 from starlette.websockets import WebSocket
 
 from pipeline.transport import HangUp
@@ -31,6 +37,32 @@ from voice.transports.phone.stream import (
 from voice.transports.phone.telnyx import TelnyxProtocol
 from voice.transports.phone.twilio import TwilioProtocol
 from voice.transports.phone.vonage import VonageProtocol
+
+
+@contextlib.asynccontextmanager
+async def serving_on_loopback(app: ASGIApp, **options: Any) -> AsyncIterator[int]:
+    """Serve `app` with uvicorn in the running event loop on a free loopback port, which it
+    yields once listening; shut down (waiting `timeout_graceful_shutdown` for requests still
+    open, 2 s unless given) on exit. `options` are more `uvicorn.Config` arguments."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    settings: dict[str, Any] = {
+        "lifespan": "off",
+        "log_config": None,
+        "access_log": False,
+        "timeout_graceful_shutdown": 2,
+    }
+    config = uvicorn.Config(app, **(settings | options))
+    config.load()
+    server = uvicorn.Server(config)
+    server.lifespan = config.lifespan_class(config)  # what Server.serve would set
+    await server.startup(sockets=[listener])  # listening once this returns
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        await server.shutdown(sockets=[listener])
+        listener.close()
+
 
 PROTOCOLS: dict[str, ProtocolFactory] = {
     "/twilio/stream": TwilioProtocol,
@@ -102,25 +134,11 @@ class MediaLine:
     @contextlib.asynccontextmanager
     async def serving(self) -> AsyncIterator[MediaLine]:
         app = Starlette(routes=[WebSocketRoute(path, self._answer) for path in PROTOCOLS])
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", 0))
-        self.base = f"ws://127.0.0.1:{listener.getsockname()[1]}"
-        config = uvicorn.Config(
+        async with serving_on_loopback(
             app,
-            lifespan="off",
-            log_config=None,
-            access_log=False,
             ws_max_size=64 * 1024,
             ws_ping_interval=self.ping_interval_s,
             ws_ping_timeout=self.ping_timeout_s,
-            timeout_graceful_shutdown=2,
-        )
-        config.load()
-        server = uvicorn.Server(config)
-        server.lifespan = config.lifespan_class(config)  # what Server.serve would set
-        await server.startup(sockets=[listener])  # listening once this returns
-        try:
+        ) as port:
+            self.base = f"ws://127.0.0.1:{port}"
             yield self
-        finally:
-            await server.shutdown(sockets=[listener])
-            listener.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from tests.support.poll import PollTimeout, until
 from tests.support.providers import PCM, Heard, Message, Wire
 from voice.devtools.turns import voiced_span
 
@@ -52,7 +54,6 @@ class TestPhone:
         self.withheld: list[str] = []  # marks heard while echoes were held, never echoed
         self._holding = False
         self.closed = asyncio.Event()
-        self._changed = asyncio.Event()
         self._lock = asyncio.Lock()
         self._mic: list[_Utterance] = []
         self._stopped = False
@@ -151,31 +152,27 @@ class TestPhone:
                     self._holding = False  # what was held was cleared, unheard
                     for message in self.wire.on_clear():
                         await self.send(lambda message=message: message)
-                self._notify()
         except ConnectionClosed:
             pass
         finally:
             self.closed.set()
-            self._notify()
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
 
     async def wait(self, what: str, test: Callable[[Heard], bool], within_s: float) -> Heard:
-        """The first message heard that passes `test` (already heard, or the next one)."""
+        """The first message heard that passes `test` (already heard, or a later one); fails
+        at once if the socket closes first, or after `within_s` with the kinds heard so far."""
+
+        def check() -> list[Heard]:
+            found = [h for h in self.heard if test(h)][:1]
+            if not found and self.closed.is_set():
+                raise AssertionError(f"the socket closed before {what}")
+            return found
+
         try:
-            async with asyncio.timeout(within_s):
-                while True:
-                    changed = self._changed
-                    found = next((h for h in self.heard if test(h)), None)
-                    if found is not None:
-                        return found
-                    if self.closed.is_set():
-                        raise AssertionError(f"the socket closed before {what}")
-                    await changed.wait()
-        except TimeoutError:
-            raise AssertionError(f"no {what} within {within_s:.0f} s") from None
+            (found,) = await until(check, what, within_s, every_s=0.02)
+            return found
+        except PollTimeout as timeout:
+            kinds = Counter(h.kind for h in self.heard)
+            raise AssertionError(f"{timeout}; heard so far: {dict(kinds)}") from None
 
     def after(self, kind: str, at: float) -> list[Heard]:
         return [h for h in self.heard if h.kind == kind and h.at > at]

@@ -1,4 +1,5 @@
-"""Reading a call recording back in tests: its two channels as 16 kHz PCM."""
+"""Reading a call recording back in tests: its two channels as 16 kHz PCM, and where each is
+audible, in 20 ms frames of audio time."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import io
 import av
 import numpy as np
 
-from pipeline.transport import PCM, SAMPLE_RATE
-from voice.audio import resample
+from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
+from voice.audio import resample, rms
+from voice.devtools.turns import AUDIBLE_RMS
+
+FRAME_S = FRAME_SAMPLES / SAMPLE_RATE
 
 
 def channels(ogg: bytes) -> tuple[PCM, PCM]:
@@ -21,3 +25,12 @@ def channels(ogg: bytes) -> tuple[PCM, PCM]:
     sides = [(np.clip(planar[i], -1, 1) * 32767).astype(np.int16) for i in range(2)]
     left, right = (resample(side, rate, SAMPLE_RATE) for side in sides)
     return left, right
+
+
+def audible(pcm: PCM) -> list[bool]:
+    """Each whole 20 ms frame of `pcm`: audible or not, by the test callers' own measure
+    (`voice.devtools.turns.AUDIBLE_RMS`, what the faithful phone counts as reply audio)."""
+    return [
+        rms(pcm[i : i + FRAME_SAMPLES]) > AUDIBLE_RMS
+        for i in range(0, len(pcm) - FRAME_SAMPLES + 1, FRAME_SAMPLES)
+    ]

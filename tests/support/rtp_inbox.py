@@ -3,8 +3,7 @@ enough has come."""
 
 from __future__ import annotations
 
-import asyncio
-
+from tests.support.poll import PollTimeout, until
 from voice.audio import PCM
 
 WAIT_S = 5.0
@@ -16,19 +15,17 @@ class Inbox:
     def __init__(self) -> None:
         self.audio: list[PCM] = []
         self.digits: list[str] = []
-        self._arrived = asyncio.Event()
 
     def on_audio(self, pcm: PCM, at: float) -> None:
         self.audio.append(pcm)
-        self._arrived.set()
 
     def on_dtmf(self, digit: str, at: float) -> None:
         self.digits.append(digit)
-        self._arrived.set()
 
     async def frames(self, count: int) -> list[PCM]:
-        async with asyncio.timeout(WAIT_S):
-            while len(self.audio) < count:
-                self._arrived.clear()
-                await self._arrived.wait()
+        """Every frame so far, once there are `count`; fails with how many came."""
+        try:
+            await until(lambda: len(self.audio) >= count, f"{count} frames", WAIT_S, 0.002)
+        except PollTimeout as timeout:
+            raise AssertionError(f"{timeout}; {len(self.audio)} came") from None
         return self.audio

@@ -8,6 +8,7 @@ modify it.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -15,7 +16,20 @@ import numpy as np
 from voice.audio import espeak, resample, write_wav
 from voice.audio import frames as audio_frames
 
-__all__ = ["concat", "espeak", "frames", "noise", "piper", "resample", "silence", "write_wav"]
+__all__ = [
+    "concat",
+    "espeak",
+    "frames",
+    "heard",
+    "noise",
+    "piper",
+    "resample",
+    "silence",
+    "utterance",
+    "words",
+    "words_in_order",
+    "write_wav",
+]
 
 RATE = 16_000
 
@@ -55,3 +69,33 @@ def concat(*parts: np.ndarray) -> np.ndarray:
 def frames(pcm: np.ndarray, ms: int = 20) -> Iterator[np.ndarray]:
     """Split audio into `ms`-long frames; the last one is zero-padded to full length."""
     return audio_frames(pcm, RATE * ms // 1000)
+
+
+def utterance(text: str, voice: str = "piper", wpm: int = 150) -> np.ndarray:
+    """A caller's turn: 300 ms of silence, `text` spoken, 200 ms of silence.
+
+    `voice="piper"` (the default) is the bundled natural-sounding voice: robotic espeak loses
+    too many words on an 8 kHz line (README, "Telephone speech recognition"). Any other value is
+    an espeak-ng voice (e.g. `"en-us"`), spoken at `wpm` words a minute."""
+    spoken = piper(text) if voice == "piper" else espeak(text, voice, wpm=wpm)
+    return concat(silence(300), spoken, silence(200))
+
+
+_WORD = re.compile(r"[a-z0-9']+")
+
+
+def words_in_order(text: str) -> list[str]:
+    """The words of `text`, lower case, in order (digits and apostrophes kept: "don't", "42")."""
+    return _WORD.findall(text.lower())
+
+
+def words(text: str) -> set[str]:
+    """The set of words in `text` (see `words_in_order`)."""
+    return set(words_in_order(text))
+
+
+def heard(pcm: np.ndarray) -> str:
+    """What the bundled Whisper model transcribes from 16 kHz `pcm`: what a caller heard."""
+    from pipeline.stt import SpeechToText
+
+    return SpeechToText.shared().transcribe_blocking(pcm).text

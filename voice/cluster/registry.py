@@ -152,6 +152,21 @@ class CallRegistry(Liveness, ControlChannel):
         self._enqueue(Op("record", call, event_json("state", state=call.state)))
         return Admission(True, "ok")
 
+    async def refusal(self) -> str | None:
+        """Why a call arriving now would be refused (`draining`, `worker_full`, `cluster_full`,
+        `redis_unavailable`), or None. A look, not a reservation (`admit` still decides): for an
+        edge that must answer before the call exists (Twilio's webhook answers in TwiML)."""
+        if self.worker.draining:
+            return "draining"
+        if len(self._calls) >= self.worker.capacity:
+            return "worker_full"
+        try:
+            [active] = await self._batch(lambda pipe: pipe.hlen(self._active_key))
+        except RegistryUnavailable:
+            return None if self.settings.fail_open else "redis_unavailable"
+        limit = self.settings.cluster_limit
+        return "cluster_full" if limit is not None and int(active) >= limit else None
+
     async def claim(self, kind: str, name: str, ttl_s: float) -> bool:
         """Take `name` once across the cluster for `ttl_s`; False if it was taken before."""
         try:

@@ -19,10 +19,10 @@ _QUOTE, _BACKSLASH = b'"\\'
 _OPENERS, _CLOSERS = tuple(b"[{"), tuple(b"]}")
 
 
-def error(status: int, message: str) -> JSONResponse:
-    """A JSON error response, logged."""
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A JSON error response (with `headers`, e.g. `Retry-After`), logged."""
     log.warning("HTTP %d: %s", status, message)
-    return JSONResponse({"error": message}, status_code=status)
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 class APIError(Exception):

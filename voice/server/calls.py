@@ -84,6 +84,15 @@ class Switchboard:
     def full(self) -> bool:
         return len(self.active) >= self.settings.max_calls
 
+    async def refusal(self) -> str | None:
+        """Why a call arriving now would be refused (as `admit` would say), or None: this
+        worker's drain and limit first, then the cluster's (a look in Redis, nothing reserved)."""
+        if self.draining:
+            return "draining"
+        if self.full:
+            return "capacity"
+        return await self.sessions.refusal()
+
     async def admit(
         self,
         transport: str,

@@ -87,9 +87,10 @@ async def twilio_voice(request: Request) -> Response:
         return params
     token = settings.telephony.twilio_auth_token
     board = switchboard(request)
-    if board.full or board.draining:
+    refusal = await board.refusal()  # a full cluster or no Redis: refused here, in TwiML
+    if refusal is not None:
         metrics.REFUSED.labels(transport="twilio", reason="webhook").inc()
-        log.warning("twilio webhook: no line free, call %r rejected", params.get("CallSid"))
+        log.warning("twilio webhook: call %r rejected (%s)", params.get("CallSid"), refusal)
         return xml(reject_twiml(settings.telephony.busy_message))
     base = public_url(request, settings).split("?")[0].rsplit("/twilio/", 1)[0]
     stream_url = websocket_url(base)

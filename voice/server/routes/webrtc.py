@@ -16,6 +16,9 @@ from voice.transports.webrtc import WebRTCTransport, shorten_jitter_buffer
 
 webrtc_api = APIRouter()
 
+# A refused offer (capacity, draining, Redis unreachable) says when to try again, as SIP's 503.
+RETRY_AFTER_S = 5
+
 
 @webrtc_api.post("/offer", dependencies=[Depends(require_token)])
 async def offer(request: Request) -> JSONResponse:
@@ -30,7 +33,7 @@ async def offer(request: Request) -> JSONResponse:
     try:
         call_id = await board.admit("webrtc")
     except CallsFull as full:
-        return error(503, str(full))
+        return error(503, str(full), {"Retry-After": str(RETRY_AFTER_S)})
     pc = RTCPeerConnection(RTCConfiguration(iceServers=settings.webrtc.rtc_ice_servers()))
     webrtc = settings.webrtc
     transport = WebRTCTransport(
