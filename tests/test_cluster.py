@@ -714,7 +714,8 @@ async def webhook_turned_away(worker: Worker) -> None:
 async def new_calls_refused_on(worker: Worker) -> None:
     """README "Redis outage": new calls are refused (fail closed): a WebRTC offer 503 with
     Retry-After, a Twilio webhook turned away in TwiML, a Twilio stream (its webhook passed
-    before the outage) closed (its token cannot be claimed), a SIP INVITE
+    before the outage) closed 1013, try again later (its token cannot be claimed: not the
+    caller's fault, so not 1008), a SIP INVITE
     `503 Service Unavailable` with Retry-After."""
     assert refused_offer(await offer(worker, await sdp_offer()), "redis_unavailable")
     await webhook_turned_away(worker)
@@ -722,7 +723,7 @@ async def new_calls_refused_on(worker: Worker) -> None:
     socket, phone = await open_stream(worker)
     async with socket:
         await phone.open()
-        assert await refused(socket) == 1008
+        assert await refused(socket) == 1013
     why = "the call registry is unavailable to check the stream token"
     await logged(worker.server, f"stream for call {phone.call_sid!r} refused: {why}", since=mark)
     unavailable = await sip_call(worker)

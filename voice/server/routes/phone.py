@@ -222,15 +222,25 @@ def _forged_handshake(websocket: WebSocket, settings: Settings) -> str | None:
     return f"X-Twilio-Signature does not match {secure}"
 
 
+# A valid-looking token whose single use cannot be claimed (Redis unreachable): refused, fail
+# closed, but with 1013 (try again later) rather than 1008 (policy), as at capacity.
+TOKEN_UNCHECKED = "the call registry is unavailable to check the stream token"
+
+
 async def _admit_stream(
     websocket: WebSocket, board: Switchboard, provider: str, start: Start, route: str
 ) -> str | None:
     """The call id of an admitted stream; None once a refused one is closed (and logged)."""
     refusal = await _token_refusal(websocket, board, provider, start)
     if refusal is not None:
-        metrics.REFUSED.labels(transport=provider, reason="unauthenticated").inc()
+        unchecked = refusal == TOKEN_UNCHECKED  # not the caller's fault: try again (1013)
+        reason = "redis_unavailable" if unchecked else "unauthenticated"
+        metrics.REFUSED.labels(transport=provider, reason=reason).inc()
         log.warning("%s: stream for call %r refused: %s", route, start.call_id, refusal)
-        await websocket.close(1008, "stream not authorised")
+        if unchecked:
+            await websocket.close(1013, "try again later")
+        else:
+            await websocket.close(1008, "stream not authorised")
         return None
     try:
         return await board.admit(
@@ -258,5 +268,5 @@ async def _token_refusal(
     except InvalidToken as exc:
         return str(exc)
     except RegistryUnavailable:
-        return "the call registry is unavailable to check the stream token"
+        return TOKEN_UNCHECKED
     return None
