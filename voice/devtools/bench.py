@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -281,23 +282,35 @@ def bench_command(
     """
     console = Console()
     setup_logging("warning", console)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     kind = _KINDS[transport]
+    run = functools.partial(
+        run_bench, stagger_s=stagger, wavs=wav or (), sip_port=sip_port, barge_in_after_ms=barge_in
+    )
+    report = _with_progress(console, run, url, kind, calls, turns)
+    console.print(report)
+    out.write_text(report.to_json() + "\n")
+    console.print(f"report written to {out}")
+    if report.failures:
+        console.print(f"[red]{report.failures} of {report.calls} calls failed[/]")
+        raise typer.Exit(1)
+
+
+def _with_progress(
+    console: Console,
+    run: Callable[..., Coroutine[Any, Any, BenchReport]],
+    url: str,
+    kind: Transport,
+    calls: int,
+    turns: int,
+) -> BenchReport:
+    """`run` (`run_bench` with its options) under a progress bar; exit 2 when the server
+    cannot be reached or the script is impossible."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task(f"{kind} turns", total=calls * turns)
         try:
-            report = asyncio.run(
-                run_bench(
-                    url,
-                    kind,
-                    calls,
-                    turns,
-                    progress=lambda n: bar.update(task, completed=n),
-                    stagger_s=stagger,
-                    wavs=wav or (),
-                    sip_port=sip_port,
-                    barge_in_after_ms=barge_in,
-                )
+            return asyncio.run(
+                run(url, kind, calls, turns, progress=lambda n: bar.update(task, completed=n))
             )
         except ValueError as exc:
             console.print(f"[red]{exc}[/]")
@@ -305,9 +318,3 @@ def bench_command(
         except httpx.HTTPError as exc:
             console.print(f"[red]cannot reach the server at {url}: {exc!r}[/]")
             raise typer.Exit(2) from exc
-    console.print(report)
-    out.write_text(report.to_json() + "\n")
-    console.print(f"report written to {out}")
-    if report.failures:
-        console.print(f"[red]{report.failures} of {report.calls} calls failed[/]")
-        raise typer.Exit(1)

@@ -16,10 +16,12 @@ from pipeline.conversation import Conversation
 from pipeline.llm.routing import Policy, TierRouter
 from pipeline.records import TurnRecord
 from pipeline.services import SpeechRecognizer, SpeechSynthesizer
-from pipeline.tools import ActionFailed, CallAction, EndCall, SendDigits, Transfer
+from pipeline.tools import CallAction, ToolSpec, Transfer
 from pipeline.transport import Transport
+from voice.agents.agent import Agent
 from voice.agents.runtime import Agents
-from voice.agents.transfer import CallControl, CallControlError, CallMover
+from voice.agents.toolbox import CallToolbox
+from voice.agents.transfer import CallControl, CallMover
 from voice.cluster.records import RegisteredCall, UnknownCall
 from voice.cluster.registry import CallRegistry
 from voice.cluster.webhooks import WebhookOutbox
@@ -27,6 +29,7 @@ from voice.experiments.arms import ExperimentStore
 from voice.recordings.calls import CallRecordings
 from voice.server import metrics
 from voice.server.after_call import AfterCall
+from voice.server.call_actions import CallActions
 from voice.server.call_records import Call, CallRecord, CallsFull, valid_call_id
 from voice.server.settings import Settings
 from voice.server.tracing import TurnTracer
@@ -62,10 +65,10 @@ class Switchboard:
         self.call_control = call_control
         self.tracer = tracer
         self.recordings = recordings
-        self.sip_transfers: CallMover | None = None  # set when SIP is on
         public_url = settings.telephony.public_url
         self.after_call = AfterCall(sessions, recordings, outbox, public_url)
         self.sessions = sessions
+        self.actions = CallActions(settings, sessions, call_control)  # end, transfer, keys
         self.experiments = ExperimentStore(sessions.redis, sessions.settings.key_prefix)
         self.stt = stt
         self.phone_stt = phone_stt
@@ -79,6 +82,15 @@ class Switchboard:
         self.draining = False
         self._idle = asyncio.Event()
         self._idle.set()
+
+    @property
+    def sip_transfers(self) -> CallMover | None:
+        """How a SIP call is put through (a REFER), once SIP is on."""
+        return self.actions.sip_transfers
+
+    @sip_transfers.setter
+    def sip_transfers(self, mover: CallMover | None) -> None:
+        self.actions.sip_transfers = mover
 
     @property
     def full(self) -> bool:
@@ -151,25 +163,14 @@ class Switchboard:
         if agent is not None and agent.policy is not None and arm is None:
             policy = agent.policy  # an experiment's arm still wins: it is what is measured
         toolbox = ready.toolbox if ready is not None else None
-        specs = list(toolbox.specs()) if toolbox is not None else []
-        if not (self.call_control is not None and self.call_control.supports(kind)):
-            # Keys can be pressed through Telnyx's and Vonage's call control only: elsewhere
-            # the model is not offered a tool that would only pretend.
-            specs = [spec for spec in specs if spec.name != "send_dtmf"]
         llm = self.router.for_call(
             policy,
             experiment,
             arm,
             instructions=agent.instructions if agent is not None else None,
-            tools=specs,
+            tools=self._offered_tools(toolbox, kind),
         )
-        recording = "off"
-        if self.recordings is not None:
-            recording = self.recordings.mode(agent.recording if agent is not None else None)
-        notice = None
-        if recording == "announce":
-            assert self.recordings is not None
-            notice = self.recordings.notice(agent.recording_notice if agent else None)
+        recording, notice = self._recording_of(agent)
         conversation_settings = self.settings.conversation
         if agent is not None and agent.greeting is not None:
             conversation_settings = conversation_settings.model_copy(
@@ -203,19 +204,30 @@ class Switchboard:
             self.sessions.update_call(call_id, agent=ready.name if ready else "default")
         self._idle.clear()
         metrics.ADMITTED.labels(transport=kind).inc()
-        metrics.ACTIVE_CALLS.set(len(self.active))
+        metrics.ACTIVE_CALLS.set(n := len(self.active))
         call.task = asyncio.create_task(self._run(call, transport), name=f"call-{call.call_id}")
         in_arm = f", experiment {experiment} arm {arm}" if experiment else ""
         name = ready.name if ready is not None else "default"
-        log.info(
-            "call %s: admitted (%s, agent %s%s), %d active",
-            call_id,
-            kind,
-            name,
-            in_arm,
-            len(self.active),
-        )
+        log.info("call %s: admitted (%s, agent %s%s), %d active", call_id, kind, name, in_arm, n)
         return call
+
+    def _offered_tools(self, toolbox: CallToolbox | None, kind: str) -> list[ToolSpec]:
+        """The tools the model is offered on a call of this kind."""
+        specs = list(toolbox.specs()) if toolbox is not None else []
+        if self.call_control is not None and self.call_control.supports(kind):
+            return specs
+        # Keys can be pressed through Telnyx's and Vonage's call control only: elsewhere the
+        # model is not offered a tool that would only pretend.
+        return [spec for spec in specs if spec.name != "send_dtmf"]
+
+    def _recording_of(self, agent: Agent | None) -> tuple[str, str | None]:
+        """The call's recording mode (on, off, announce) and the notice said before it."""
+        if self.recordings is None:
+            return "off", None
+        mode = self.recordings.mode(agent.recording if agent is not None else None)
+        if mode != "announce":
+            return mode, None
+        return mode, self.recordings.notice(agent.recording_notice if agent else None)
 
     async def _run(self, call: Call, transport: Transport) -> None:
         try:
@@ -262,65 +274,8 @@ class Switchboard:
     async def _act(self, call_id: str, action: CallAction) -> None:
         """What an agent's tool asked of the call, once the reply before it was heard."""
         call = self.active.get(call_id)
-        if call is None:
-            return
-        transport = call.conversation.transport
-        if isinstance(action, EndCall):
-            transport.hang_up(f"ended by the agent: {action.reason}".rstrip(": "))
-        elif isinstance(action, Transfer):
-            await self._transfer(call, action)
-        elif isinstance(action, SendDigits):
-            control = self.call_control
-            if control is None or not control.supports(call.transport):
-                log.warning(
-                    "call %s: pressing keys is not supported on %s", call_id, call.transport
-                )
-                return
-            try:
-                await control.send_digits(call.transport, call_id, action.digits)
-            except CallControlError as exc:
-                log.error("call %s: the keys could not be pressed: %s", call_id, exc)
-
-    async def _transfer(self, call: Call, action: Transfer) -> None:
-        """Put the caller through to a person: recorded (here and in Redis, for whichever
-        worker the provider asks next), shown to the caller's screen, then the bot leaves the
-        call. Twilio: closing the stream makes Twilio ask /twilio/after-stream, which dials;
-        Telnyx and Vonage: their call control API transfers the call first (if it fails:
-        ActionFailed, the caller is told and the call goes on with the bot)."""
-        outcome = None
-        if call.transport not in ("twilio", "webrtc"):
-            # Telnyx, Vonage: the provider's call control moves the caller; SIP: a REFER (the
-            # caller's side dials, then says how it went); then the bot leaves.
-            control: CallMover | None = (
-                self.sip_transfers if call.transport == "sip" else self.call_control
-            )
-            failure = None
-            if control is None or not control.supports(call.transport):
-                failure = f"no {call.transport} call control credentials are configured"
-            else:
-                try:
-                    outcome = await control.transfer(call.transport, call.call_id, action)
-                except CallControlError as exc:
-                    failure = str(exc)
-            if failure is not None:
-                log.error("call %s: transfer failed: %s", call.call_id, failure)
-                raise ActionFailed(failure, self.settings.telephony.transfer_failed_message)
-        call.transfer = {"to": action.target, "reason": action.reason, "summary": action.summary}
-        if outcome is not None:
-            call.transfer["outcome"] = outcome
-        metrics.TRANSFERS.labels(transport=call.transport).inc()
-        self.sessions.update_call(call.call_id, transfer=call.transfer)
-        if not await self.sessions.flush(timeout_s=2.0):
-            log.warning("call %s: the transfer may not have reached Redis", call.call_id)
-        event: dict[str, object] = {
-            "type": "transfer",
-            "to": action.target,
-            "reason": action.reason,
-        }
-        call.conversation.transport.send_event(event)
-        self.sessions.publish(call.call_id, event)
-        log.info("call %s: transferred to %s (%s)", call.call_id, action.target, action.reason)
-        call.conversation.transport.hang_up(f"transferred to {action.target}")
+        if call is not None:
+            await self.actions.carry_out(call, action)
 
     def _record(self, call: Call) -> None:
         """Start recording the call (its audio from now on)."""
