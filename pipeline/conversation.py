@@ -36,7 +36,7 @@ import numpy.typing as npt
 import soxr
 from pydantic import BaseModel, Field
 
-from pipeline.endpoint import leaves_hanging, sounds_finished
+from pipeline.endpoint import leaves_hanging
 from pipeline.keypad import Keypad
 from pipeline.llm.client import ChatMessage
 from pipeline.llm.errors import LLMError
@@ -66,6 +66,9 @@ from pipeline.transport import (
     Transport,
 )
 from pipeline.tts import trim_leading_silence
+from pipeline.turn_taking.barge_in import BargeInSettings
+from pipeline.turn_taking.end_of_turn import EndOfTurn, TurnJudge
+from pipeline.turn_taking.interruptions import Interruptions
 from pipeline.turns import (
     SpeechResumed,
     SpeechStarted,
@@ -96,6 +99,7 @@ class ConversationSettings(BaseModel):
     # Start the reply at the caller's pause (LLM request, first chunk synthesised), and speak
     # it the moment the turn ends there (pipeline/speculation.py). Off: reply at the endpoint.
     speculate: bool = True
+    barge_in: BargeInSettings = Field(default_factory=BargeInSettings)  # speech over the reply
 
 
 class _Early(NamedTuple):
@@ -131,13 +135,15 @@ class Conversation:
         caller: str | None = None,
         callee: str | None = None,
         notice: str | None = None,
+        turn_model: TurnJudge | None = None,
     ) -> None:
         """`on_key(digit)` sees each DTMF key first; returning True consumes it (e.g. "0" for a
         person); other keys are collected into a keypad turn that the LLM answers. `tools` are
         the ones the LLM may call (`pipeline.tool_turns`); `on_action` carries out what a tool
         asks of the call (put through, hang up, press keys) once the reply before it has been
         heard; without it, only hanging up is done (here). `notice` is said before the greeting
-        (e.g. "this call is recorded"); a `notice_played` event follows it, heard or cut off."""
+        (e.g. "this call is recorded"); a `notice_played` event follows it, heard or cut off.
+        `turn_model` judges each pause (`pipeline.turn_taking.end_of_turn`); None: none."""
         self.call_id = call_id
         self.transport = transport
         self.stt = stt
@@ -146,6 +152,9 @@ class Conversation:
         self.settings = settings or ConversationSettings()
         self.sentence_settings = sentence_settings
         self.detector = TurnDetector(turn_settings)
+        self._end_of_turn = EndOfTurn(  # a turn it ends goes where the detector's go
+            self.detector, turn_model, lambda segment: self._interruptions.turn_ended(segment)
+        )
         self.history: list[ChatMessage] = []
         self.records: list[TurnRecord] = []
         self.barge_ins: list[float] = []  # monotonic speech onsets that interrupted a reply
@@ -172,6 +181,18 @@ class Conversation:
         self._speculation: Speculation | None = None  # a reply begun at that pause, held
         self.speculations_discarded = 0  # in the whole call
         self._discarded_in_turn = 0  # since the last turn record
+        self._interruptions = Interruptions(  # speech over a reply pauses it, then it goes on
+            call_id,
+            transport,
+            self.settings.barge_in,
+            self._end_of_turn.longest_silence_ms,
+            self.stt,
+            early=lambda at: (
+                (e.task, e.urgency) if (e := self._early) and e.end_position == at else None
+            ),
+            interrupt=self._interrupt,
+            take_turn=self._start_response,
+        )
 
     def _emit(self, event: dict[str, object]) -> None:
         """Tell the caller's screen (if any) and whoever watches the call."""
@@ -194,8 +215,8 @@ class Conversation:
                             self._transcribe_early(found)
                         elif isinstance(found, SpeechResumed):
                             self._discard_speculation("the caller spoke again")
-                        else:
-                            self._start_response(found)
+                        else:  # answered, unless it only acknowledged the reply
+                            self._interruptions.turn_ended(found)
                 elif isinstance(event, Dtmf):
                     await self._key_pressed(event.digit)
                 elif isinstance(event, HangUp):
@@ -205,6 +226,7 @@ class Conversation:
         finally:
             self._ended = True
             self._keypad.close()
+            self._end_of_turn.close()
             self._discard_speculation("the caller hung up")
             self._drop_early()
             await self._stop_response()
@@ -222,15 +244,18 @@ class Conversation:
             (time.monotonic() - started.at) * 1e3,
             started.at,
         )
-        self.barge_ins.append(started.at)
-        await self._interrupt()
+        if not await self._interruptions.pause(started, self._response):
+            await self._interrupt(started.at)  # else judged when this speech ends
 
-    async def _interrupt(self) -> None:
-        """Silence the reply at once, then stop the response task."""
+    async def _interrupt(self, onset: float | None = None) -> None:
+        """Silence the reply at once, then stop the response task (for speech begun at `onset`)."""
+        if onset is not None:
+            self.barge_ins.append(onset)
         if self._response is not None and not self._response.done():
             # First, so that it queues no more audio: clear() awaits the wire, and a sentence
             # whose synthesis finished meanwhile would otherwise be played after the clear.
             self._response.cancel()
+        self._interruptions.forget()  # a paused reply is not resumed
         await self.transport.clear()
         await self._stop_response()
 
@@ -288,12 +313,13 @@ class Conversation:
         urgency = Urgency()  # behind finished turns' transcriptions, until its turn ends here
         task = asyncio.create_task(self.stt.transcribe(audio, urgency))
         self._early = _Early(pause.end_position, task, urgency)
-        if self.detector.settings.finished_silence_ms:
-            task.add_done_callback(functools.partial(self._maybe_finished, pause.end_position))
+        judging = self._end_of_turn.pause(pause.end_position, audio, task)  # may end the turn
         idle = self._response is None or self._response.done()
         if self.settings.speculate and idle and not self._keypad.collecting:
             words, gate = Unanswered(audio, TurnClock(pause.speech_ended_at), task), Gate()
-            reply = asyncio.create_task(self._respond(words, task, gate))
+            respond = functools.partial(self._respond, words, task, gate)
+            held = judging.unless_going_on(gate, respond, words.clock, task)
+            reply = asyncio.create_task(held)
             self._speculation = Speculation(pause.end_position, words, gate, reply)
 
     def _discard_speculation(self, why: str) -> None:
@@ -315,6 +341,7 @@ class Conversation:
         """The turn ended at the speculation's pause: its held reply is the response now."""
         words = spec.words
         words.clock.mark("endpoint", segment.detected_at)
+        words.clock.judgement = segment.judgement
         if self._early is not None and self._early.task is words.transcript:
             self._early.urgency.promote()
             self._early = None  # the reply awaits it: consumed, not cancelled
@@ -331,17 +358,6 @@ class Conversation:
         if self._early is not None:
             self._early.task.cancel()
             self._early = None
-
-    def _maybe_finished(self, end_position: int, task: asyncio.Task[Transcript]) -> None:
-        """The early transcript of the pause at `end_position` is in: if the caller's words
-        sound finished and they are still silent, their turn ends sooner (`finished_silence_ms`)."""
-        if self._early is None or self._early.task is not task or task.cancelled():
-            return
-        if task.exception() is not None or not sounds_finished(task.result().text):
-            return
-        segment = self.detector.hasten(end_position, self.detector.settings.finished_silence_ms)
-        if segment is not None:
-            self._start_response(segment)
 
     def _start_response(self, segment: TurnSegment) -> None:
         spec, self._speculation = self._speculation, None
@@ -361,7 +377,7 @@ class Conversation:
             self._early.urgency.promote()
             early, self._early = self._early.task, None
         self._drop_early()
-        clock = TurnClock(segment.speech_ended_at)
+        clock = TurnClock(segment.speech_ended_at, segment.judgement)
         clock.mark("endpoint", segment.detected_at)
         audio = self._caller_audio(segment.audio)
         if self._unheard is not None and self._unheard.transcript is not None:

@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from pipeline.llm.decision import Decision
+from pipeline.turns import EndJudgement
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +27,12 @@ STAGES = (
 
 
 class TurnClock:
-    """Monotonic stage marks relative to the end of caller speech."""
+    """Monotonic stage marks relative to the end of caller speech, and how the end was judged
+    (`judgement`: the turn model's score and the delay chosen at the pause that ended it)."""
 
-    def __init__(self, speech_ended_at: float) -> None:
+    def __init__(self, speech_ended_at: float, judgement: EndJudgement | None = None) -> None:
         self.zero = speech_ended_at
+        self.judgement = judgement
         self._marks: dict[str, float] = {}
 
     def mark(self, stage: str, at: float | None = None) -> None:
@@ -43,6 +46,14 @@ class TurnClock:
             )
             return
         self._marks[stage] = moment
+
+    @property
+    def turn_score(self) -> float | None:
+        return self.judgement.score if self.judgement is not None else None
+
+    @property
+    def turn_delay_ms(self) -> int | None:
+        return self.judgement.delay_ms if self.judgement is not None else None
 
     def ms(self) -> dict[str, float]:
         """Each marked stage in milliseconds since the end of caller speech."""
@@ -87,6 +98,11 @@ class TurnRecord:
     # characters), the action asked of the call (Transfer, EndCall, SendDigits) if any.
     tools: list[dict[str, object]] = field(default_factory=list)
     tools_ms: float | None = None  # time the turn waited on its tools
+    # The end of the turn (`pipeline.turn_taking.end_of_turn`): the turn model's score at the
+    # pause that ended it (probability the turn was over; None: not scored, or no judgement
+    # came before the timeout) and the silence the policy chose there (None: no judgement).
+    turn_score: float | None = None
+    turn_delay_ms: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

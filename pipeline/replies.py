@@ -100,6 +100,8 @@ def answered_record(
         speculative=reply.gate is not None,
         tools=[row for tool_round in reply.rounds for row in tool_round.summary()],
         tools_ms=rounds_ms(reply.rounds) if reply.rounds else None,
+        turn_score=clock.turn_score,
+        turn_delay_ms=clock.turn_delay_ms,
     )
 
 
@@ -122,6 +124,8 @@ def unanswered_record(
         started_at=time.time() - (time.monotonic() - clock.zero),
         experiment=llm.experiment,
         arm=llm.arm,
+        turn_score=clock.turn_score,
+        turn_delay_ms=clock.turn_delay_ms,
     )
 
 

@@ -3,9 +3,11 @@
 When the caller pauses (`TurnPause`, 120 ms of silence) the words so far are transcribed at
 once; with speculation on, the reply starts as soon as that transcript is ready: the LLM request
 goes out and the first chunk is synthesised, but its audio waits behind a `Gate`. Words that
-stop mid-sentence (`pipeline.endpoint.leaves_hanging`: a comma, "...", "and", "the") send no
-request until the turn has really ended there. If the turn then ends at that same pause
-(`TurnSegment` with the same end position), the gate opens and the held audio goes out at once.
+stop mid-sentence (`pipeline.endpoint.leaves_hanging`: a comma, "...", "and", "the"), and a
+pause the turn model judged unfinished (`pipeline.turn_taking.end_of_turn`), send no request
+until the turn has really ended there. If the turn then ends at that same pause (`TurnSegment`
+with the same end position: end of turn decided so, `TurnDetector.hasten`, or the timeout
+passed), the gate opens and the held audio goes out at once.
 If the caller speaks again (`SpeechResumed`), or the turn ends somewhere else, the speculation
 is thrown away: its task cancelled, nothing recorded, nothing in the history, nothing played;
 only the count of discarded requests remains, since they cost the operator tokens.

@@ -107,7 +107,8 @@ class PlaybackCleared(Exception):
 
 
 class Transport(Protocol):
-    """What a `Conversation` needs from the wire: frames in, paced audio out, flush, close.
+    """What a `Conversation` needs from the wire: frames in, paced audio out, pause, flush,
+    close.
 
     `taps` is told the call's audio as it crosses the wire both ways (recording, listen-in).
     """
@@ -123,7 +124,18 @@ class Transport(Protocol):
         ...
 
     async def clear(self) -> None:
-        """Drop every queued sample that has not been sent yet (barge-in)."""
+        """Drop every queued sample that has not been sent yet (barge-in); ends a pause."""
+        ...
+
+    async def pause(self) -> None:
+        """Go quiet at once but keep the reply: the caller may only be saying "mm-hm"
+        (`pipeline.turn_taking`). The played position stays where the caller stopped hearing,
+        and waiters on later positions wait on (until `resume`, or fail at `clear`)."""
+        ...
+
+    async def resume(self) -> None:
+        """Play on from the played position: what the caller did not hear is sent again (phone
+        streams, whose provider dropped its buffer at the pause) or sent on (SIP, WebRTC)."""
         ...
 
     @property

@@ -41,6 +41,7 @@ import onnxruntime as ort
 from pydantic import BaseModel, Field
 
 from pipeline.transport import SAMPLE_RATE
+from pipeline.turn_taking.policy import TurnPolicy
 
 RATE = SAMPLE_RATE  # Silero's rate here, the pipeline's
 WINDOW = 512  # samples per Silero window at 16 kHz (32 ms)
@@ -57,7 +58,12 @@ class TurnSettings(BaseModel):
     min_speech_ms: int = Field(
         default=96, ge=0, description="Shorter speech is dropped (coughs, clicks)."
     )
-    end_silence_ms: int = Field(default=500, gt=0, description="Trailing silence that ends a turn.")
+    end_silence_ms: int = Field(
+        default=500,
+        gt=0,
+        description="Trailing silence that ends a turn no turn model has judged (the turn "
+        "model's verdict picks policy.min_delay_ms or policy.timeout_ms instead).",
+    )
     start_speech_ms: int = Field(
         default=96, ge=0, description="Speech needed before SpeechStarted fires (drives barge-in)."
     )
@@ -75,7 +81,15 @@ class TurnSettings(BaseModel):
         default=0,
         ge=0,
         description="Trailing silence that ends a turn whose early transcript sounds finished "
-        "(a whole sentence or question; `pipeline.endpoint`). 0: always end_silence_ms.",
+        "(a whole sentence or question; `pipeline.endpoint`), whatever the turn model says. "
+        "0: off. The text rule of before the turn model; `policy.finished_words` is its "
+        "successor.",
+    )
+    policy: TurnPolicy = Field(
+        default_factory=TurnPolicy,
+        description="When a pause ends the turn: the turn model's score and the early "
+        "transcript pick a delay between policy.min_delay_ms and policy.timeout_ms; "
+        "policy.model=false: no turn model (`pipeline.turn_taking.end_of_turn`).",
     )
     quiet_floor: int = Field(
         default=32,
@@ -120,6 +134,15 @@ class SpeechResumed:
 
 
 @dataclass(frozen=True)
+class EndJudgement:
+    """What was decided at the pause that ended a turn: the turn model's score (None: not
+    scored) and the silence the end-of-turn policy chose (ms from the end of speech)."""
+
+    score: float | None
+    delay_ms: int
+
+
+@dataclass(frozen=True)
 class TurnSegment:
     """One finished caller turn."""
 
@@ -128,6 +151,8 @@ class TurnSegment:
     speech_ended_at: float  # start of the trailing silence: the zero of a turn
     detected_at: float  # when end-of-turn was decided (the `at` of the deciding chunk)
     end_position: int = 0  # samples since the call began where the speech ended
+    # The judgement made at its last pause (`TurnDetector.hasten`); None: none came in time.
+    judgement: EndJudgement | None = None
 
 
 TurnEvent = SpeechStarted | TurnPause | SpeechResumed | TurnSegment
@@ -247,6 +272,7 @@ class TurnDetector:
         self._silence_from: int | None = None  # position where the trailing silence began
         self._paused = False  # TurnPause emitted for the current silence
         self._end_silence = self._ms(self.settings.end_silence_ms)  # for the current silence
+        self._judgement: EndJudgement | None = None  # of the current silence, if judged
 
     def push(self, pcm: np.ndarray, at: float) -> list[TurnEvent]:
         """Feed int16 16 kHz mono audio; `at` is the monotonic time its last sample arrived."""
@@ -276,14 +302,14 @@ class TurnDetector:
         if self._onset is None:
             if voiced:
                 self._onset, self._silence_from, self._paused = start, None, False
-                self._end_silence = self._ms(s.end_silence_ms)
+                self._end_silence, self._judgement = self._ms(s.end_silence_ms), None
                 return self._maybe_started(end)
             return None
         if voiced:
             resumed = self._paused
             self._silence_from = None
             self._paused = False
-            self._end_silence = self._ms(s.end_silence_ms)
+            self._end_silence, self._judgement = self._ms(s.end_silence_ms), None
             if resumed:
                 return SpeechResumed(at=self._time_of(start))
         elif silent and self._silence_from is None:
@@ -309,15 +335,22 @@ class TurnDetector:
             return self._finish(self._silence_from if self._silence_from is not None else end)
         return None
 
-    def hasten(self, end_position: int, end_silence_ms: int) -> TurnSegment | None:
-        """The caller sounds finished at `end_position` (say, the transcript of that pause is a
-        whole sentence): if the silence that began there is still going on, it ends the turn
-        after `end_silence_ms` instead of `end_silence_ms` of the settings, at once when it has
+    def hasten(
+        self, end_position: int, end_silence_ms: int, judgement: EndJudgement | None = None
+    ) -> TurnSegment | None:
+        """How long the silence that began at `end_position` (if it is still going on) has to
+        last to end the turn: `end_silence_ms` (at most the longer of the settings'
+        end_silence_ms and policy.timeout_ms), in place of what an earlier call said (an
+        answer given with more of the pause's evidence: its early transcript, the turn model's
+        score). At once when it has
         lasted that long already (the segment is returned; `detected_at` is the latest audio's
-        time). Speech resuming forgets it."""
+        time). `judgement` (why) goes into the turn's segment, however it ends. Speech resuming
+        forgets both."""
         if self._onset is None or not self._started or self._silence_from != end_position:
             return None
-        self._end_silence = min(self._end_silence, self._ms(end_silence_ms))
+        self._judgement = judgement or self._judgement
+        timeout = self._ms(max(self.settings.end_silence_ms, self.settings.policy.timeout_ms))
+        self._end_silence = min(timeout, self._ms(end_silence_ms))
         if self._analysed - self._silence_from >= self._end_silence:
             return self._finish(self._silence_from)
         return None
@@ -337,14 +370,16 @@ class TurnDetector:
             self._onset, self._started, self._silence_from = None, False, None
             return None
         audio = self._segment_audio(speech_end)
+        judged = self._judgement if speech_end == self._silence_from else None
         self._onset, self._started, self._silence_from = None, False, None
-        self._end_silence = self._ms(s.end_silence_ms)
+        self._end_silence, self._judgement = self._ms(s.end_silence_ms), None
         return TurnSegment(
             audio=audio,
             speech_started_at=self._onset_at,
             speech_ended_at=self._time_of(speech_end),
             detected_at=self._last_at,
             end_position=speech_end,
+            judgement=judged,
         )
 
     def _segment_audio(self, speech_end: int) -> np.ndarray:

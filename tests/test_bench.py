@@ -112,6 +112,22 @@ def test_a_barge_in_run_reports_how_soon_replies_stopped_and_fails_a_reply_that_
     assert plain.barge_in_stop_ms is None and plain.table().row_count == 1 + len(plain.parts_ms)
 
 
+def test_a_backchannel_run_counts_the_replies_an_okay_stopped() -> None:
+    one = [turn(700.0)]
+    samples = [
+        CallSample("a", 20.0, 1, one, backchannel_stopped=False),
+        CallSample("b", 20.0, 1, one, backchannel_stopped=True),
+        CallSample("c", 20.0, 1, one),  # no records: not counted
+    ]
+    health = Health(1, 1, 1)
+    report = summarize("u", "twilio", 1, samples, health, health, 60.0)
+    assert (report.backchannel_stops, report.backchannels) == (1, 2)
+    assert report.failures == 0  # a figure, not a broken call
+    assert BenchReport.from_json(report.to_json()) == report
+    plain = summarize("u", "twilio", 1, samples[2:], health, health, 60.0)
+    assert plain.backchannels is None and plain.backchannel_stops is None
+
+
 def caller_result(*turns: tuple[float, float | None]) -> CallResult:
     return CallResult(
         "call",
@@ -183,3 +199,14 @@ async def test_a_small_real_run(server: Server, transport: Literal["webrtc", "tw
     assert report.cpu_s_per_call_minute is not None and report.cpu_s_per_call_minute > 0
     assert seen and seen[-1] == turns and seen == sorted(seen)
     assert BenchReport.from_json(report.to_json()) == report
+
+
+@pytest.mark.slow
+async def test_a_real_run_with_a_backchannel(server: Server) -> None:
+    """One phone call: a turn, then "Okay." 1.5 s into its reply, which plays on."""
+    report = await run_bench(server.url, "twilio", calls=1, turns=1, backchannel_after_ms=1500)
+    print(f"\n{report.to_json()}")
+    assert report.failures == 0, server.log[-40:]
+    assert (report.backchannel_stops, report.backchannels) == (0, 1), report.samples
+    assert report.voice_to_voice_ms.count == 1  # the "okay" is no turn of the call
+    assert report.barge_in_stop_ms is None

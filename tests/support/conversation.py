@@ -201,7 +201,9 @@ class PhoneLine:
     Like a phone stream (voice/transports/phone/stream.py), it sends reply audio in 20 ms frames
     on a real-time schedule, each frame up to `lead_s` ahead of its slot and never before it was
     queued: a frame is *sent* when it leaves, *played* once its slot has passed. `clear()` drops
-    what has not played, sent or not (the provider's buffer with it).
+    what has not played, sent or not (the provider's buffer with it). `pause()` stops the line
+    at the frame playing (what has not played waits, and so do its waiters); `resume()` plays on
+    from there, as a phone stream resends from its played position.
     """
 
     FRAME = 320  # 20 ms at 16 kHz
@@ -211,12 +213,16 @@ class PhoneLine:
         self.taps = Taps()
         self.events: list[dict[str, object]] = []
         self.clears = 0
+        self.pauses: list[int] = []  # the played position at each pause
+        self.resumes = 0
+        self.paused = False
         self.lead_s = lead_s
         self._queued = 0
         self._start_pos = 0  # the burst playing now: its first position, and when it started
         self._start_time = time.monotonic()
         self._chunks: list[tuple[int, float]] = []  # (end position, queued at) in this burst
-        self._cleared = asyncio.Event()
+        self._cleared = asyncio.Event()  # set (and renewed) at each clear
+        self._changed = asyncio.Event()  # the same, at each clear, pause and resume
 
     def inbound(self) -> AsyncIterator[InboundEvent]:
         assert self.script is not None
@@ -228,6 +234,8 @@ class PhoneLine:
         return self._start_time + frame * self.FRAME / SAMPLE_RATE
 
     def _played_at(self, now: float) -> int:
+        if self.paused:
+            return self._start_pos
         frames_passed = int((now - self._start_time) * SAMPLE_RATE) // self.FRAME
         return min(self._queued, self._start_pos + frames_passed * self.FRAME)
 
@@ -255,7 +263,7 @@ class PhoneLine:
 
     def play(self, pcm: PCM) -> int:
         now = time.monotonic()
-        if self._played_at(now) >= self._queued:  # idle line: playback starts now
+        if not self.paused and self._played_at(now) >= self._queued:  # idle: playback starts now
             self._start_pos, self._start_time, self._chunks = self._queued, now, []
         self._queued += len(pcm)
         self._chunks.append((self._queued, now))
@@ -265,21 +273,47 @@ class PhoneLine:
         self.clears += 1
         now = time.monotonic()
         position = self._played_at(now)
+        self.paused = False
         self._queued = self._start_pos = position
         self._start_time, self._chunks = now, []
         self._cleared.set()
         self._cleared = asyncio.Event()
+        self._change()
+
+    async def pause(self) -> None:
+        if self.paused:
+            return
+        self._start_pos = self._played_at(time.monotonic())
+        self.paused = True
+        self.pauses.append(self._start_pos)
+        self._change()
+
+    async def resume(self) -> None:
+        if not self.paused:
+            return
+        now = time.monotonic()
+        self.paused = False
+        self.resumes += 1
+        self._start_time, self._chunks = now, [(self._queued, now)]
+        self._change()
+
+    def _change(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def _until(self, position: int, due: Callable[[int], float]) -> float:
-        if position > self._queued:
-            raise PlaybackCleared
-        at = due(position)
-        cleared = self._cleared
-        try:
-            await asyncio.wait_for(cleared.wait(), max(0.0, at - time.monotonic()))
-        except TimeoutError:
-            return at
-        raise PlaybackCleared
+        clears = self.clears
+        while True:
+            if position > self._queued or self.clears != clears:
+                raise PlaybackCleared
+            changed = self._changed
+            at = None if self.paused else due(position)
+            timeout = None if at is None else max(0.0, at - time.monotonic())
+            try:
+                await asyncio.wait_for(changed.wait(), timeout)
+            except TimeoutError:
+                assert at is not None
+                return at
 
     async def wait_played(self, position: int) -> float:
         return await self._until(position, self.played_due)

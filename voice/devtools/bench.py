@@ -50,6 +50,7 @@ UTTERANCES = (
     "What will the weather be like in Paris tomorrow?",
     "Can you tell me when the pharmacy opens on Sunday?",
 )
+BACKCHANNEL = "Okay."  # what `--backchannel` has the caller say into a reply
 
 
 # -- caller speech ------------------------------------------------------------------------------
@@ -107,9 +108,11 @@ class _Bench:
         transport: Transport,
         sip_port: int = SIP_PORT,
         barge_in_after_ms: float | None = None,
+        backchannel: bool = False,
     ) -> None:
         self.http, self.url, self.transport, self.sip_port = http, url, transport, sip_port
         self.barge_in_after_ms = barge_in_after_ms  # the last turn cuts in this long into a reply
+        self.backchannel = backchannel  # that last "turn" is an "okay", not a turn
         self.done: list[int] = []  # turns of each finished call
         self.known: set[str] = set()  # calls the server's count must leave out
 
@@ -155,8 +158,11 @@ class _Bench:
             log.warning("bench call failed: %r", exc)
             duration = round(time.monotonic() - started, 3)
             return CallSample("", duration, len(utterances), error=repr(exc))
-        sample = CallSample(result.call_id, round(time.monotonic() - started, 3), len(utterances))
-        sample.barge_in = self.barge_in_after_ms is not None
+        expected = len(utterances) - self.backchannel
+        if self.backchannel:
+            result.turns = result.turns[:expected]  # the "okay" is not a turn of the call
+        sample = CallSample(result.call_id, round(time.monotonic() - started, 3), expected)
+        sample.barge_in = self.barge_in_after_ms is not None and not self.backchannel
         sample.barge_in_stop_ms = result.barge_in_stop_ms
         self.known.add(result.call_id)  # from now on counted by the caller, not the server
         self.done.append(len(result.turns))
@@ -168,6 +174,9 @@ class _Bench:
         except httpx.HTTPError as exc:
             log.warning("call %s: no server records: %r", result.call_id, exc)
         sample.turns = match_records(result, records, time.time() - time.monotonic())
+        if self.backchannel and records:  # cut by it, or answered as a turn of its own
+            cut = any(record.get("interrupted") for record in records[:expected])
+            sample.backchannel_stopped = cut or len(records) > expected
         return sample
 
     async def watch(self, total: int, report: Callable[[int], None]) -> None:
@@ -196,20 +205,29 @@ async def run_bench(
     wavs: Sequence[Path] = (),
     sip_port: int = SIP_PORT,
     barge_in_after_ms: float | None = None,
+    backchannel_after_ms: float | None = None,
 ) -> BenchReport:
     """Place `calls` concurrent calls of `turns` turns each and report latency and cost.
 
     `progress` is called with the number of turns completed so far (of `calls * turns`).
     SIP calls go to `sip_port` on the URL's host. With `barge_in_after_ms`, each call's last
     turn is spoken that long after the reply before it began, and the report says how soon
-    that reply went quiet at the caller (needs 2 turns or more).
+    that reply went quiet at the caller (needs 2 turns or more). With `backchannel_after_ms`,
+    the caller says "Okay." that long into each call's last reply, and the report counts the
+    replies it stopped for good (a reply shorter than that is no test of it).
     """
     if barge_in_after_ms is not None and turns < 2:
         raise ValueError("a barge-in needs a reply to cut into: 2 turns or more")
+    if barge_in_after_ms is not None and backchannel_after_ms is not None:
+        raise ValueError("a call's last turn is a barge-in or a backchannel, not both")
     speech = caller_speech(wavs)
     script = [speech[i % len(speech)] for i in range(turns)]
+    if backchannel_after_ms is not None:
+        script.append(_spoken(BACKCHANNEL))
+        barge_in_after_ms = backchannel_after_ms  # said into the reply as a barge-in would be
     async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=30) as http:
-        bench = _Bench(http, url, transport, sip_port, barge_in_after_ms)
+        backchannel = backchannel_after_ms is not None
+        bench = _Bench(http, url, transport, sip_port, barge_in_after_ms, backchannel)
         before = await bench.health()
         bench.known = {c["call_id"] for c in await bench.active_calls()}
         watcher = None
@@ -229,7 +247,7 @@ async def run_bench(
         after = await bench.health()
     if progress is not None:
         progress(min(calls * turns, sum(bench.done)))
-    barge_in = barge_in_after_ms is not None
+    barge_in = barge_in_after_ms is not None and backchannel_after_ms is None
     return summarize(url, transport, turns, list(samples), before, after, wall_s, barge_in)
 
 
@@ -274,6 +292,14 @@ def bench_command(
             "how soon that reply went quiet at the caller (target 300 ms)",
         ),
     ] = None,
+    backchannel: Annotated[
+        float | None,
+        typer.Option(
+            min=0,
+            help="Say 'Okay.' this many ms into each call's last reply, and report how many "
+            "replies it stopped for good (target at most 5%)",
+        ),
+    ] = None,
 ) -> None:
     """Benchmark a running server: N concurrent scripted calls, voice-to-voice latency and cost.
 
@@ -284,7 +310,12 @@ def bench_command(
     setup_logging("warning", console)
     kind = _KINDS[transport]
     run = functools.partial(
-        run_bench, stagger_s=stagger, wavs=wav or (), sip_port=sip_port, barge_in_after_ms=barge_in
+        run_bench,
+        stagger_s=stagger,
+        wavs=wav or (),
+        sip_port=sip_port,
+        barge_in_after_ms=barge_in,
+        backchannel_after_ms=backchannel,
     )
     report = _with_progress(console, run, url, kind, calls, turns)
     console.print(report)

@@ -18,6 +18,7 @@ from voice.devtools.turns import CallResult
 
 DELIVERY = "delivery"  # derived part: caller-side voice-to-voice minus the server's first_audio
 BARGE_IN_TARGET_MS = 300.0  # caller starts speaking -> the reply is silent at the caller
+BACKCHANNEL_TARGET = 0.05  # share of replies a caller's acknowledgement may stop (issue 24)
 MATCH_WINDOW_S = 2.0  # a server record this close to a caller turn's end of speech is that turn
 
 
@@ -38,6 +39,9 @@ class CallSample:
     error: str | None = None
     barge_in: bool = False  # the call's last turn cut into the reply before it
     barge_in_stop_ms: float | None = None  # its onset -> that reply's audio stopped (caller)
+    # --backchannel: the caller's "okay" during the last reply stopped it for good (the server
+    # cut it, or took the "okay" for a turn); None: not asked.
+    backchannel_stopped: bool | None = None
 
     @property
     def failed(self) -> bool:
@@ -110,6 +114,10 @@ class BenchReport:
     # With `hotline bench --barge-in MS`: how soon the reply went quiet at the caller after the
     # caller's interrupting speech began (README's target: BARGE_IN_TARGET_MS); else None.
     barge_in_stop_ms: Stats | None = None
+    # With `hotline bench --backchannel MS`: of the replies a caller said "okay" into, how many
+    # that stopped for good (target: at most BACKCHANNEL_TARGET of them); else None.
+    backchannels: int | None = None
+    backchannel_stops: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -154,6 +162,13 @@ class BenchReport:
                 f"\nbarge-in: p95 {self.barge_in_stop_ms.p95:.0f} ms from the caller's onset to "
                 f"silence, {within} the {BARGE_IN_TARGET_MS:.0f} ms target"
             )
+        if self.backchannels:
+            stops = self.backchannel_stops or 0
+            within = "within" if stops <= BACKCHANNEL_TARGET * self.backchannels else "over"
+            cost += (
+                f"\nbackchannel: {stops} of {self.backchannels} replies stopped by the caller's "
+                f"'okay', {within} the {BACKCHANNEL_TARGET:.0%} target"
+            )
         return Group(self.table(), Text(cost))
 
 
@@ -172,7 +187,10 @@ def summarize(
     barge_in: bool = False,
 ) -> BenchReport:
     """Aggregate per-call samples and the server's health before and after into a report
-    (`barge_in`: each call's last turn cut into a reply, and how soon it stopped is reported)."""
+    (`barge_in`: each call's last turn cut into a reply, and how soon it stopped is reported;
+    calls whose `backchannel_stopped` is known count towards the backchannel figure)."""
+    acknowledged = [call.backchannel_stopped for call in samples if call.error is None]
+    said = [stopped for stopped in acknowledged if stopped is not None]
     heard = [t for call in samples for t in call.turns if t.voice_to_voice_ms is not None]
     parts: dict[str, Stats] = {}
     for stage in (*STAGES, DELIVERY):
@@ -199,6 +217,8 @@ def summarize(
         barge_in_stop_ms=stats([v for call in samples if (v := call.barge_in_stop_ms) is not None])
         if barge_in
         else None,
+        backchannels=len(said) if said else None,
+        backchannel_stops=sum(said) if said else None,
     )
 
 

@@ -49,6 +49,7 @@ from pipeline.transport import (
     Taps,
 )
 from pipeline.tts import TextToSpeech, TTSSettings
+from pipeline.turn_taking import model as smart_turn
 from pipeline.turns import TurnSettings
 from voice.audio import frames, resample
 from voice.experiments.arms import Arm, Experiment
@@ -205,6 +206,12 @@ class ReplayLine:
     async def clear(self) -> None:
         return None
 
+    async def pause(self) -> None:
+        return None  # never needed: replies play at once, so none is audible to pause
+
+    async def resume(self) -> None:
+        return None
+
     @property
     def played_samples(self) -> int:
         return self._queued
@@ -258,7 +265,10 @@ async def simulate(
     else:
         spoken = await asyncio.to_thread(caller_utterances, sim.utterances, tts)
         callers = scripted_callers(sim, spoken)
-    await asyncio.gather(asyncio.to_thread(stt.warm_up), asyncio.to_thread(tts.warm_up))
+    warm = [asyncio.to_thread(stt.warm_up), asyncio.to_thread(tts.warm_up)]
+    if sim.turns.policy.model:  # the one turn model of the process, as the server has it
+        warm.append(asyncio.to_thread(smart_turn.shared().warm_up))
+    await asyncio.gather(*warm)
     records: list[dict[str, Any]] = []
 
     def emit(row: dict[str, Any]) -> None:
@@ -325,5 +335,6 @@ async def _run_call(
         turn_settings=sim.turns,
         sentence_settings=sim.sentences,
         on_turn=on_turn,
+        turn_model=smart_turn.shared() if sim.turns.policy.model else None,
     )
     await conversation.run()

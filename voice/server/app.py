@@ -22,6 +22,7 @@ from pipeline.llm.controller import Controller
 from pipeline.llm.routing import TierRouter
 from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
+from pipeline.turn_taking import model as smart_turn
 from voice.agents.directory import AgentDirectory, load_agents
 from voice.agents.runtime import Agents
 from voice.agents.transfer import CallControl
@@ -105,6 +106,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     stt = SpeechToText.shared(settings.stt)
     phone_stt = SpeechToText.shared(settings.phone_stt)
     tts = TextToSpeech.shared(settings.tts)
+    # Smart Turn: one model for every call of every transport (None: the policy has it off).
+    turns = smart_turn.shared() if settings.turns.policy.model else None
     async with contextlib.AsyncExitStack() as stack:
         tool_client = await stack.enter_async_context(httpx.AsyncClient())
         app.state.http = tool_client  # also how workers ask each other for recordings
@@ -121,6 +124,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             await asyncio.gather(
                 *(asyncio.to_thread(m.warm_up) for m in models),
                 *(asyncio.to_thread(voice.warm_up) for voice in agents.voices()),
+                *([asyncio.to_thread(turns.warm_up)] if turns is not None else []),
             )
         base_url = settings.llm.base_url
         if base_url is None:
@@ -167,6 +171,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             phone_stt=phone_stt,
             router=router,
             tts=tts,
+            turn_model=turns,
             sessions=sessions,
             agents=agents,
             call_control=CallControl(settings.call_control, tool_client),

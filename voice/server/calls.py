@@ -18,6 +18,7 @@ from pipeline.records import TurnRecord
 from pipeline.services import SpeechRecognizer, SpeechSynthesizer
 from pipeline.tools import CallAction, ToolSpec, Transfer
 from pipeline.transport import Transport
+from pipeline.turn_taking.end_of_turn import TurnJudge
 from voice.agents.agent import Agent
 from voice.agents.runtime import Agents
 from voice.agents.toolbox import CallToolbox
@@ -51,6 +52,7 @@ class Switchboard:
         router: TierRouter,
         tts: SpeechSynthesizer,
         sessions: CallRegistry,
+        turn_model: TurnJudge | None = None,
         agents: Agents | None = None,
         call_control: CallControl | None = None,
         tracer: TurnTracer | None = None,
@@ -59,7 +61,8 @@ class Switchboard:
     ) -> None:
         """`agents`: who answers which call (None: the built-in agent, `tts`'s voice);
         `call_control`: Telnyx's and Vonage's REST APIs, to transfer calls and press keys;
-        `outbox`: the post-call webhook (None: off); `recordings`: None: nothing recorded."""
+        `outbox`: the post-call webhook (None: off); `recordings`: None: nothing recorded;
+        `turn_model`: the process's one end-of-turn model, shared by every call (None: none)."""
         self.settings = settings
         self.agents = agents
         self.call_control = call_control
@@ -74,6 +77,7 @@ class Switchboard:
         self.phone_stt = phone_stt
         self.router = router
         self.tts = tts
+        self.turn_model = turn_model
         # admitted calls' experiment and arm (or None), until they start
         self._arms: dict[str, tuple[str | None, str | None, Policy]] = {}
         self.active: dict[str, Call] = {}
@@ -194,6 +198,7 @@ class Switchboard:
             caller=caller,
             callee=callee,
             notice=notice,
+            turn_model=self.turn_model,
         )
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
         call.experiment, call.arm, call.agent = experiment, arm, ready

@@ -299,6 +299,8 @@ def _turn_attributes(
         "hotline.within_budget": within,
         "hotline.speculative": record.speculative,
         "hotline.speculations_discarded": record.speculations_discarded,
+        "hotline.turn_score": record.turn_score,
+        "hotline.turn_delay_ms": record.turn_delay_ms,
         "hotline.interrupted": record.interrupted,
         "hotline.caller_text.length": len(record.caller_text),
         "hotline.reason": record.reason or None,

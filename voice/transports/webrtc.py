@@ -129,7 +129,8 @@ class OutboundAudio(PacedAudioTrack):
     """Reply audio queued by the conversation, sent in 20 ms frames paced by the absolute clock.
 
     Positions count reply samples since the call started; silence sent while nothing is queued
-    does not advance them.
+    or while paused does not advance them (a browser plays frames as they come: what was sent
+    was heard, so a pause just stops sending and a resume goes on).
     """
 
     def __init__(self, taps: Taps | None = None) -> None:
@@ -139,6 +140,7 @@ class OutboundAudio(PacedAudioTrack):
         self._queued = 0
         self._played = 0
         self._waiters = PositionWaiters()
+        self.paused = False
 
     @property
     def queued_samples(self) -> int:
@@ -156,9 +158,16 @@ class OutboundAudio(PacedAudioTrack):
 
     def clear(self) -> None:
         self._chunks.clear()
-        self.taps.cut(time.monotonic())
+        if not self.paused:
+            self.taps.cut(time.monotonic())
+        self.paused = False
         self._queued = self._played
         self._waiters.fail()
+
+    def pause(self) -> None:
+        if not self.paused:
+            self.paused = True
+            self.taps.cut(time.monotonic())
 
     def wait_played(self, position: int) -> asyncio.Future[float]:
         if position <= self._played or position > self._queued:
@@ -175,6 +184,8 @@ class OutboundAudio(PacedAudioTrack):
         super().stop()
 
     def next_frame(self) -> PCM:
+        if self.paused:
+            return np.zeros(FRAME_SAMPLES, dtype=np.int16)
         frame, filled = take_samples(self._chunks, FRAME_SAMPLES)
         self._played += filled
         self._waiters.reach(self._played)
@@ -277,6 +288,12 @@ class WebRTCTransport:
 
     async def clear(self) -> None:
         self.outbound.clear()
+
+    async def pause(self) -> None:
+        self.outbound.pause()
+
+    async def resume(self) -> None:
+        self.outbound.paused = False
 
     @property
     def played_samples(self) -> int:

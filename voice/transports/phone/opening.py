@@ -1,5 +1,6 @@
 """A provider media websocket before its call: reading messages off it, counting the unusable
-ones, and waiting for the provider's start message (the stream itself is stream.py's)."""
+ones, and waiting for the provider's start message (the stream itself is stream.py's, reading
+it during the call pump.py's)."""
 
 from __future__ import annotations
 

@@ -8,6 +8,12 @@ of playback, so that a `clear` silences the phone at once) and the played positi
 after each sentence, echoed by the provider when the phone has played it, says exactly how much
 of the reply the caller heard.
 
+`pause()` (the caller spoke: perhaps only "mm-hm") sends the provider a `clear`, so the phone
+goes quiet at once, and puts every frame not known to be played (sent after the last echoed
+mark, or on mark-less wires whose real-time slot has not passed) back at the head of the
+queue; `resume()` sends them again from the played position, with marks renamed so that a late
+echo of a cleared one is not taken for the resent one.
+
 A client that stops reading is hung up ("client stopped reading") once a mark is `send_timeout_s`
 overdue (not echoed that long after its audio should have played) or a send has been blocked
 that long. The echo is the test: a socket's buffers (the kernel's on both sides, asyncio's) take
@@ -41,12 +47,12 @@ from pipeline.transport import (
 from voice.audio import StreamResampler, resample
 from voice.transports.activity import LineActivity
 from voice.transports.phone.opening import BadMessages, receive, wait_for_start
+from voice.transports.phone.pump import pump
 from voice.transports.phone.wire import Dtmf as WireDtmf
 from voice.transports.phone.wire import (
     Ignored,
     MarkPlayed,
     Media,
-    ProtocolError,
     Start,
     Stop,
     WireEvent,
@@ -78,6 +84,11 @@ class _Mark:
     position: int
 
 
+def _end(item: _Frame | _Mark) -> int:
+    """The outbound position after `item`."""
+    return item.end if isinstance(item, _Frame) else item.position
+
+
 async def _send(websocket: WebSocket, message: str | bytes) -> None:
     if isinstance(message, bytes):
         await websocket.send_bytes(message)
@@ -107,6 +118,9 @@ class PhoneStream:
         self._to_pipeline = StreamResampler(protocol.wire_rate, SAMPLE_RATE)
         self._frame_samples = protocol.frame_samples
         self._outbox: deque[_Frame | _Mark] = deque()
+        self._in_flight: deque[_Frame | _Mark] = deque()  # sent, not known to be played yet
+        self._paused = False
+        self._epoch = 0  # bumped by clear() and pause(): a send in progress then is stale
         self._outbox_ready = asyncio.Event()
         self._queued = 0
         self._sent = 0
@@ -156,7 +170,12 @@ class PhoneStream:
         position = self._pending_marks.pop(name, None)
         if position is None:
             return  # unknown, or pending when the reply was cleared: nothing more was heard
+        self._heard_up_to(position)
+
+    def _heard_up_to(self, position: int) -> None:
         self._played = max(self._played, position)
+        while self._in_flight and _end(self._in_flight[0]) <= self._played:
+            self._in_flight.popleft()
         self._played_waiters.reach(self._played)
 
     @property
@@ -192,16 +211,51 @@ class PhoneStream:
 
     async def clear(self) -> None:
         """Drop unsent audio, tell the provider to drop what it buffered, settle the position."""
+        paused, self._paused = self._paused, False
         self._outbox.clear()
-        self.taps.cut(time.monotonic())  # the provider drops what it had not played yet
+        self._in_flight.clear()
+        if not paused:
+            self._stop_playing()
+        self._queued = self._sent = self._played
+        self._sent_waiters.fail()
+        self._played_waiters.fail()
+        if not paused:  # a pause already cleared the provider's buffer; nothing went since
+            await self._send_clear()
+
+    async def pause(self) -> None:
+        """Silence the phone now (the provider's `clear`), keeping what it did not play."""
+        if self._paused or self._closed:
+            return
+        self._paused = True
+        self._stop_playing()
+        again: list[_Frame | _Mark] = []
+        for item in self._in_flight:  # sent again on resume, its marks under new names
+            if isinstance(item, _Mark):
+                self._mark_count += 1
+                item = _Mark(f"hotline-{self._mark_count}", item.position)
+            again.append(item)
+        self._in_flight.clear()
+        self._outbox.extendleft(reversed(again))
+        self._sent = self._played
+        await self._send_clear()
+
+    async def resume(self) -> None:
+        """Send again, from the played position."""
+        if self._paused:
+            self._paused = False
+            self._outbox_ready.set()
+
+    def _stop_playing(self) -> None:
+        """The provider drops what it had not played: settle the played position there."""
+        self.taps.cut(time.monotonic())
         self._update_slots()
         self._pending_marks.clear()  # Twilio echoes pending marks on clear: they were not heard
         self._cancel_echo_checks()
         self._slots.clear()
-        self._queued = self._sent = self._played
         self._burst_frames = 0
-        self._sent_waiters.fail()
-        self._played_waiters.fail()
+        self._epoch += 1
+
+    async def _send_clear(self) -> None:
         if not self._closed:
             with contextlib.suppress(WebSocketDisconnect, RuntimeError):
                 await _send(self.websocket, self.protocol.clear())
@@ -246,7 +300,7 @@ class PhoneStream:
     async def _send_loop(self) -> None:
         try:
             while True:
-                if not self._outbox:
+                if not self._outbox or self._paused:
                     self._outbox_ready.clear()
                     await self._outbox_ready.wait()
                     continue
@@ -255,6 +309,7 @@ class PhoneStream:
                     self._outbox.popleft()
                     message = self.protocol.mark(item.name)
                     if message is not None:
+                        self._in_flight.append(item)
                         self._pending_marks[item.name] = item.position
                         self._expect_echo(
                             item.name, self._burst_start + self._burst_frames * _FRAME_S
@@ -269,7 +324,11 @@ class PhoneStream:
                     await asyncio.sleep(due - now)
                     continue  # the outbox may have been cleared meanwhile
                 self._outbox.popleft()
+                self._in_flight.append(item)  # before the send: a pause meanwhile resends it
+                epoch = self._epoch
                 await self._send(self.protocol.media(item.pcm))
+                if epoch != self._epoch:
+                    continue  # cleared or paused while it went: not counted as sent
                 plays_at = self._burst_start + self._burst_frames * _FRAME_S
                 self.activity.in_use(plays_at + _FRAME_S)  # the caller listens until then
                 self._burst_frames += 1
@@ -317,7 +376,7 @@ class PhoneStream:
             return
         now = time.monotonic()
         while self._slots and self._slots[0][0] <= now:
-            self._played = max(self._played, self._slots.popleft()[1])
+            self._heard_up_to(self._slots.popleft()[1])
         self._played_waiters.reach(self._played)
 
     # -- waiters -----------------------------------------------------------------------------
@@ -342,43 +401,6 @@ class PhoneStream:
                 loop.call_later(_FRAME_S, check)
 
         loop.call_later(_FRAME_S, check)
-
-
-async def pump(stream: PhoneStream, bad: BadMessages, idle_timeout_s: float | None = None) -> None:
-    """Feed the socket's messages to the stream until it closes, or until the line has carried
-    no audio for `idle_timeout_s` (voice/transports/activity.py: a client that answers pings,
-    or trickles tiny or all-zero frames, holds no line)."""
-    while True:
-        idle_left = None
-        if idle_timeout_s is not None:
-            idle_left = stream.last_audio_at + idle_timeout_s - time.monotonic()
-        try:
-            async with asyncio.timeout(idle_left):
-                message = await receive(stream.websocket)
-        except TimeoutError:
-            assert idle_timeout_s is not None
-            if stream.activity.idle_for(time.monotonic()) < idle_timeout_s:
-                continue  # reply audio went out meanwhile
-            log.warning(
-                "call %s: no audio for %.0f s (%d frames too short or all zero), hanging up",
-                stream.call_id,
-                idle_timeout_s,
-                stream.activity.not_audio,
-            )
-            stream.hang_up(f"no audio for {idle_timeout_s:.0f} s")
-            return
-        except (WebSocketDisconnect, RuntimeError):
-            message = None
-        if message is None:
-            stream.hang_up("socket closed")
-            return
-        try:
-            stream.accept(stream.protocol.parse(message))
-        except ProtocolError as error:
-            if not bad(error):
-                stream.hang_up("too many bad messages")
-                await stream.websocket.close(1008)
-                return
 
 
 ProtocolFactory = Callable[[], WireProtocol]

@@ -4,7 +4,8 @@ reply audio out in 20 ms G.711 frames paced by the absolute clock, as aiortc pac
 RTP flows without pause while the call is up (silence included), as phones and trunks expect:
 media timeouts and NAT bindings depend on it. A reply's first frame carries the marker bit.
 The caller hears a frame as it is sent (there is no far-end playout report in plain RTP), so the
-played position is the sent one; `clear()` (barge-in) drops every queued frame at once.
+played position is the sent one; `clear()` (barge-in) drops every queued frame at once;
+`pause()` sends silence instead of the queued frames until `resume()` goes on with them.
 Everything here runs on the event loop: RTP arrives through the session's datagram callbacks
 and leaves from one pacing task.
 
@@ -74,6 +75,7 @@ class SipMedia:
         self._waiters = PositionWaiters()
         self._closed = False
         self.held = False  # the caller put us on hold: send nothing
+        self.paused = False  # the caller spoke over the reply: silence until resume or clear
         self.activity = LineActivity(time.monotonic(), zeros_count=True)
         self._concealed_seen = rtp.packets_lost  # lost packets whose silence came in already
         self._sender = asyncio.create_task(self._send_loop(), name=f"rtp-{call_id}")
@@ -121,9 +123,19 @@ class SipMedia:
 
     async def clear(self) -> None:
         self._frames.clear()
-        self.taps.cut(time.monotonic())
+        if not self.paused:
+            self.taps.cut(time.monotonic())
+        self.paused = False
         self._queued = self._sent
         self._waiters.fail()
+
+    async def pause(self) -> None:
+        if not self.paused:
+            self.paused = True
+            self.taps.cut(time.monotonic())
+
+    async def resume(self) -> None:
+        self.paused = False
 
     @property
     def played_samples(self) -> int:
@@ -188,7 +200,7 @@ class SipMedia:
                 )
                 self.hang_up(f"no audio for {idle_s:.0f} s")
                 self._idle_timeout_s = None
-            if not self._frames:
+            if not self._frames or self.paused:
                 self._talking = False
                 self.rtp.send_frame(silence)
                 continue
