@@ -48,6 +48,8 @@ from voice.transports.sip.media import SipMedia
 from voice.transports.sip.rtp import RtpSession
 from voice.transports.webrtc import OutboundAudio
 
+pytestmark = pytest.mark.slow  # real-time calls with the real models
+
 # 12 words of tone, 250 ms each: 3 s of reply in two sentences.
 REPLY = "One two three four five six seven eight. Nine ten eleven twelve."
 CUT_IN_S = 0.75  # the caller speaks once three words have played

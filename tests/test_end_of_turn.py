@@ -18,11 +18,14 @@ import asyncio
 import functools
 import threading
 from collections.abc import AsyncIterator
+from importlib.metadata import PackageNotFoundError
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
+import pipeline.turn_taking.model as model_module
 from pipeline.conversation import Conversation
 from pipeline.records import TurnRecord
 from pipeline.stt import Transcript
@@ -36,6 +39,8 @@ from tests.support.conversation import PhoneLine, ScriptedLLM, ScriptedSTT, Tone
 from tests.support.poll import until
 from tests.support.speech import concat, frames, resample, silence
 from voice.server.settings import Settings
+
+pytestmark = pytest.mark.slow  # real-time calls with the real models
 
 RATE = 16_000
 # Explicit, not the defaults: a timeout (policy.timeout_ms, and end_silence_ms) well past the
@@ -278,3 +283,20 @@ async def test_words_that_come_after_the_score_still_veto_the_end() -> None:
     # The silence outlasts min_delay_ms: the veto, given before it did, still holds.
     quiet = silence(POLICY.min_delay_ms + 500)
     assert detector.push(quiet, at + len(quiet) / RATE) == [] and ended == []
+
+
+def test_without_the_fetched_model_the_path_says_how_to_fetch_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def not_installed(name: str) -> None:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setenv("HOTLINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(model_module, "distribution", not_installed)  # no pipecat-ai either
+    assert model_module.cached_model_path().is_relative_to(tmp_path)
+    with pytest.raises(FileNotFoundError, match="hotline fetch-models"):
+        model_module.smart_turn_path()
+    fetched = model_module.cached_model_path()
+    fetched.parent.mkdir(parents=True)
+    fetched.write_bytes(b"onnx")
+    assert model_module.smart_turn_path() == fetched

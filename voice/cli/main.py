@@ -19,6 +19,7 @@ from rich.table import Table
 
 from voice.cli.experiments import experiments_app
 from voice.cli.logs import setup_logging
+from voice.cli.models import fetch_models_command
 from voice.cli.turn_bench import turn_bench_command
 from voice.devtools.bench import bench_command
 from voice.devtools.soak import soak_command
@@ -239,6 +240,7 @@ def llm_sim(
 
 
 app.command("bench")(bench_command)
+app.command("fetch-models")(fetch_models_command)
 app.command("soak")(soak_command)
 app.command("turn-bench")(turn_bench_command)
 app.add_typer(experiments_app, name="experiments")

@@ -107,7 +107,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     phone_stt = SpeechToText.shared(settings.phone_stt)
     tts = TextToSpeech.shared(settings.tts)
     # Smart Turn: one model for every call of every transport (None: the policy has it off).
-    turns = smart_turn.shared() if settings.turns.policy.model else None
+    turns = smart_turn.shared_if_installed() if settings.turns.policy.model else None
     async with contextlib.AsyncExitStack() as stack:
         tool_client = await stack.enter_async_context(httpx.AsyncClient())
         app.state.http = tool_client  # also how workers ask each other for recordings

