@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 TEST_DEBS := espeak-ng sox chromium redis-server baresip kamailio
 
 # The real-time tests mostly wait on the clock, so more workers than cores still pay off.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 5
 
 .PHONY: serve test test-fast lint system-deps clean
 

@@ -13,7 +13,8 @@ import json
 import time
 from collections.abc import AsyncIterator, Sequence
 
-from pipeline.conversation import Conversation, ConversationSettings
+from pipeline.conversation import Conversation
+from pipeline.conversation_settings import ConversationSettings
 from pipeline.llm.client import ChatMessage
 from pipeline.llm.errors import LLMError
 from pipeline.records import TurnRecord

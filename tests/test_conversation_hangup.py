@@ -13,7 +13,8 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from pipeline.conversation import Conversation, ConversationSettings
+from pipeline.conversation import Conversation
+from pipeline.conversation_settings import ConversationSettings
 from pipeline.records import TurnRecord
 from pipeline.scheduling import Urgency
 from pipeline.stt import Transcript

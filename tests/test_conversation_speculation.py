@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from pipeline.conversation import Conversation, ConversationSettings
+from pipeline.conversation import Conversation
+from pipeline.conversation_settings import ConversationSettings
 from pipeline.records import TurnRecord
 from pipeline.transport import PCM, HangUp, InboundEvent
 from pipeline.turns import TurnSettings

@@ -9,7 +9,8 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
-from pipeline.conversation import Conversation, ConversationSettings
+from pipeline.conversation import Conversation
+from pipeline.conversation_settings import ConversationSettings
 from pipeline.llm.client import ChatMessage
 from pipeline.tool_turns import INTERRUPTED, NOT_DONE, ToolSettings
 from pipeline.tools import ActionFailed, CallAction, EndCall, ToolCall, Transfer

@@ -12,7 +12,7 @@ from aiortc import RTCIceServer
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from pipeline.conversation import ConversationSettings
+from pipeline.conversation_settings import ConversationSettings
 from pipeline.llm.routing import Policy
 from pipeline.llm.settings import ControllerSettings, LLMSettings
 from pipeline.sentences import SentenceSettings
