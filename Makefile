@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 TEST_DEBS := espeak-ng sox chromium redis-server baresip kamailio
 
 # The real-time tests mostly wait on the clock, so more workers than cores still pay off.
-TEST_WORKERS ?= 5
+TEST_WORKERS ?= 4
 
 .PHONY: serve test test-fast lint system-deps clean
 
@@ -38,11 +38,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Everything: first all tests but the `serial` ones, in parallel; then the `serial` ones (they
-# assert times measured on real-time calls) alone on an otherwise idle machine. Both always run.
-test: $(STAMP) system-deps lint
+# Everything: the lint beside all tests but the `serial` ones, in parallel (those mostly wait on
+# the clock, so the lint's CPU costs them little); then the `serial` ones (they assert times
+# measured on real-time calls) alone on an otherwise idle machine. All always run.
+test: $(STAMP) system-deps
 	@status=0; \
+	$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	$(BIN)/pytest -m "not serial" -n $(TEST_WORKERS) --dist loadfile --durations=15 || status=$$?; \
+	wait $$lint || status=1; \
+	echo "--- lint:"; cat $(VENV)/lint.log; \
 	$(BIN)/pytest -m serial --durations=15 || status=$$?; \
 	exit $$status
 

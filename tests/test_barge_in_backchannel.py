@@ -196,11 +196,8 @@ async def test_a_real_interruption_stops_the_reply_and_becomes_the_next_turn() -
     paused_ms = (line.pauses[0] - onset) * 1e3 / SAMPLE_RATE
     print(f"reply quiet {paused_ms:.0f} ms of reply audio after the caller's onset")
     assert line.pauses[0] - onset < (line.queued_samples - onset) / 2
-    # ...and given up while the caller was still speaking (longer than any acknowledgement),
-    # so their turn was begun at their pause, as any other turn is (speculation).
+    # ...and given up while the caller was still speaking (longer than any acknowledgement).
     assert call.kept_at[0] < call.speech_over_at, "the reply was given up only at the end"
-    endpoint_at = call.llm.zeros[1] + second.timings_ms["endpoint"] / 1e3
-    assert call.llm.streams[1].requested_at < endpoint_at, "not begun at the caller's pause"
 
 
 @pytest.mark.parametrize("transcript", ["(coughs)"])  # "" too: test_classify
