@@ -130,9 +130,6 @@ class Conversation:
         self.settings = settings or ConversationSettings()
         self.sentence_settings = sentence_settings
         self.detector = TurnDetector(turn_settings)
-        self._end_of_turn = EndOfTurn(  # a turn it ends goes where the detector's go
-            self.detector, turn_model, lambda segment: self._interruptions.turn_ended(segment)
-        )
         self.history: list[ChatMessage] = []
         self.records: list[TurnRecord] = []
         self.barge_ins: list[float] = []  # monotonic speech onsets that interrupted a reply
@@ -159,11 +156,19 @@ class Conversation:
         self._speculation: Speculation | None = None  # a reply begun at that pause, held
         self.speculations_discarded = 0  # in the whole call
         self._discarded_in_turn = 0  # since the last turn record
-        self._interruptions = Interruptions(  # speech over a reply pauses it, then it goes on
-            call_id,
-            transport,
+        self._end_of_turn, self._interruptions = self._turn_taking(turn_model)
+
+    def _turn_taking(self, turn_model: TurnJudge | None) -> tuple[EndOfTurn, Interruptions]:
+        """The call's end-of-turn judge (a turn it ends goes where the detector's go) and its
+        barge-in (speech over a reply pauses it, then the reply goes on or gives way)."""
+        end_of_turn = EndOfTurn(
+            self.detector, turn_model, lambda segment: self._interruptions.turn_ended(segment)
+        )
+        interruptions = Interruptions(
+            self.call_id,
+            self.transport,
             self.settings.barge_in,
-            self._end_of_turn.longest_silence_ms,
+            end_of_turn.longest_silence_ms,
             self.stt,
             early=lambda at: (
                 (e.task, e.urgency) if (e := self._early) and e.end_position == at else None
@@ -171,6 +176,7 @@ class Conversation:
             interrupt=self._interrupt,
             take_turn=self._start_response,
         )
+        return end_of_turn, interruptions
 
     def _emit(self, event: dict[str, object]) -> None:
         """Tell the caller's screen (if any) and whoever watches the call."""

@@ -28,7 +28,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
 import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -47,6 +46,7 @@ from pipeline.transport import (
 from voice.audio import StreamResampler, resample
 from voice.transports.activity import LineActivity
 from voice.transports.phone.opening import BadMessages, receive, wait_for_start
+from voice.transports.phone.outbound import Frame, Mark, end_of
 from voice.transports.phone.pump import pump
 from voice.transports.phone.wire import Dtmf as WireDtmf
 from voice.transports.phone.wire import (
@@ -69,24 +69,6 @@ _FRAME_S = 0.02
 # complete this long, means the client stopped reading: it is hung up rather than left to hold
 # the line and the reply's memory.
 SEND_TIMEOUT_S = 5.0
-
-
-@dataclass
-class _Frame:
-    pcm: PCM  # 20 ms at the wire rate
-    end: int  # outbound position (16 kHz samples) after this frame
-    source: PCM  # the same audio at 16 kHz (for the call's taps)
-
-
-@dataclass
-class _Mark:
-    name: str
-    position: int
-
-
-def _end(item: _Frame | _Mark) -> int:
-    """The outbound position after `item`."""
-    return item.end if isinstance(item, _Frame) else item.position
 
 
 async def _send(websocket: WebSocket, message: str | bytes) -> None:
@@ -117,8 +99,8 @@ class PhoneStream:
         self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
         self._to_pipeline = StreamResampler(protocol.wire_rate, SAMPLE_RATE)
         self._frame_samples = protocol.frame_samples
-        self._outbox: deque[_Frame | _Mark] = deque()
-        self._in_flight: deque[_Frame | _Mark] = deque()  # sent, not known to be played yet
+        self._outbox: deque[Frame | Mark] = deque()
+        self._in_flight: deque[Frame | Mark] = deque()  # sent, not known to be played yet
         self._paused = False
         self._epoch = 0  # bumped by clear() and pause(): a send in progress then is stale
         self._outbox_ready = asyncio.Event()
@@ -174,7 +156,7 @@ class PhoneStream:
 
     def _heard_up_to(self, position: int) -> None:
         self._played = max(self._played, position)
-        while self._in_flight and _end(self._in_flight[0]) <= self._played:
+        while self._in_flight and end_of(self._in_flight[0]) <= self._played:
             self._in_flight.popleft()
         self._played_waiters.reach(self._played)
 
@@ -201,11 +183,11 @@ class PhoneStream:
         for index in range(count):
             chunk = frames[index * self._frame_samples : (index + 1) * self._frame_samples]
             end = start + round((index + 1) * (self._queued - start) / count)
-            self._outbox.append(_Frame(chunk, end, pcm[after - start : end - start]))
+            self._outbox.append(Frame(chunk, end, pcm[after - start : end - start]))
             after = end
         if self.protocol.supports_marks:
             self._mark_count += 1
-            self._outbox.append(_Mark(f"hotline-{self._mark_count}", self._queued))
+            self._outbox.append(Mark(f"hotline-{self._mark_count}", self._queued))
         self._outbox_ready.set()
         return self._queued
 
@@ -228,11 +210,11 @@ class PhoneStream:
             return
         self._paused = True
         self._stop_playing()
-        again: list[_Frame | _Mark] = []
+        again: list[Frame | Mark] = []
         for item in self._in_flight:  # sent again on resume, its marks under new names
-            if isinstance(item, _Mark):
+            if isinstance(item, Mark):
                 self._mark_count += 1
-                item = _Mark(f"hotline-{self._mark_count}", item.position)
+                item = Mark(f"hotline-{self._mark_count}", item.position)
             again.append(item)
         self._in_flight.clear()
         self._outbox.extendleft(reversed(again))
@@ -305,7 +287,7 @@ class PhoneStream:
                     await self._outbox_ready.wait()
                     continue
                 item = self._outbox[0]
-                if isinstance(item, _Mark):
+                if isinstance(item, Mark):
                     self._outbox.popleft()
                     message = self.protocol.mark(item.name)
                     if message is not None:
