@@ -15,9 +15,13 @@ import ssl
 
 from voice.server.call_records import CallsFull
 from voice.server.calls import Switchboard
-from voice.server.routes.sip_calls import WARN_EVERY_S, InCall, SipCall
+from voice.server.routes.sip_answer import Offered, read_offer, refusal_headers
+from voice.server.routes.sip_calls import WARN_EVERY_S, SipCall
+from voice.server.routes.sip_start import Answering
 from voice.server.settings import SipSettings
 from voice.throttle import LogThrottle
+from voice.transports.sip.body import BodyError
+from voice.transports.sip.checks import refusal
 from voice.transports.sip.dialog import (
     InviteTransaction,
     SipDialog,
@@ -26,13 +30,12 @@ from voice.transports.sip.dialog import (
 )
 from voice.transports.sip.digest import DigestAuth
 from voice.transports.sip.endpoint import Peer, SipEndpoint
-from voice.transports.sip.media import SipMedia
 from voice.transports.sip.message import (
     SipMessage,
     parse_name_addr,
 )
 from voice.transports.sip.rtp import G711, RtpSession, open_rtp_session
-from voice.transports.sip.sdp import SdpError, answer, choose, parse_sdp
+from voice.transports.sip.sdp import SdpError
 from voice.transports.sip.timers import IntervalTooSmall, SessionTimer
 
 log = logging.getLogger(__name__)
@@ -40,7 +43,7 @@ log = logging.getLogger(__name__)
 _BUSY = {"capacity", "worker_full", "cluster_full"}
 
 
-class SipService(InCall):
+class SipService(Answering):
     """The SIP side of one worker: an endpoint on `settings.sip` and the calls it carries."""
 
     def __init__(self, board: Switchboard, settings: SipSettings, default_host: str) -> None:
@@ -158,7 +161,7 @@ class SipService(InCall):
                 log, "ack", "sip: ACK from %s dropped: not the call's peer", peer.host
             )
             return
-        call.dialog.acked.set()
+        call.dialog.acknowledged(request)
 
     async def on_request(self, request: SipMessage, peer: Peer) -> None:
         method = request.method or ""
@@ -166,6 +169,12 @@ class SipService(InCall):
             self._ack(request, peer)
             return
         if not self._let_in(request, peer):
+            return
+        if (refused := refusal(request)) is not None:  # RFC 3261 §8.2.2, after the way in
+            line = "sip: %s from %s refused (%d): %s"
+            args = (method, peer.host, refused.status, refused.why)
+            self.warnings.warn(log, f"refused {refused.status}", line, *args)
+            self._reply(request, peer, refused.status, refused.reason, list(refused.headers))
             return
         if method == "OPTIONS":
             if self.board.draining:  # a dispatcher's health probe: send no new calls here
@@ -186,8 +195,8 @@ class SipService(InCall):
             expires = request.header("Expires") or "3600"
             contacts = [("Contact", c) for c in request.header_values("Contact")]
             self._reply(request, peer, 200, "OK", [*contacts, ("Expires", expires)])
-        else:
-            self._reply(request, peer, 405, "Method Not Allowed")
+        else:  # a method we do not know (RFC 3261 §8.2.1); Allow lists the ones we do
+            self._reply(request, peer, 501, "Not Implemented")
 
     # -- INVITE ------------------------------------------------------------------------------
 
@@ -230,31 +239,71 @@ class SipService(InCall):
 
     async def _new_call(self, invite: InviteTransaction) -> None:
         """Answer a new INVITE: admitted, its RTP opened, rung (if so set), answered, the call
-        started. A CANCEL can stop it at every await; then nothing of it is kept."""
+        started. A CANCEL can stop it at every await; then nothing of it is kept. Without an
+        offer (RFC 3261 §13.2.1) the 200 carries ours and the call starts on the ACK's answer."""
         request, peer = invite.invite, invite.peer
         self._reply(request, peer, 100, "Trying")
-        try:
-            remote = parse_sdp(request.body)
-            codec, dtmf = choose(remote, self.settings.codecs)
-        except SdpError as exc:
-            log.warning("sip: INVITE from %s refused: %s", peer.host, exc)
-            self._reply(
-                request,
-                peer,
-                exc.status,
-                exc.reason,
-                [("Warning", f'399 hotline "{exc}"')],
-            )
+        offered = self._offered(request, peer)
+        if offered is None:
             return
+        allowed, timer = self._asked_timer(request, peer)
+        if not allowed:
+            return
+        caller, callee = header_user(request.header("From")), called_user(request)
+        call_id = await self._admit(request, peer, caller, callee)
+        if call_id is None:
+            return
+        if invite.cancelled.is_set():  # while admission was asked for
+            self._let_go(invite, call_id)
+            return
+        rtp = await self._open_rtp(invite, offered, call_id)
+        if rtp is None:
+            return
+        sent_by = self.sent_by(peer.transport)
+        contact = self.contact(peer.transport)
+        dialog = SipDialog(request, peer, invite.local_tag, sent_by, contact)
+        call = SipCall(dialog, rtp, call_id)
+        self.calls[request.call_id] = call
+        if not await self._rung(invite, call):
+            return
+        call.timer = timer
+        headers = timer.headers() if timer is not None else []
+        body = self._first_sdp(call, offered).encode()
+        ok = self._reply(request, peer, 200, "OK", headers, to_tag=dialog.local_tag, body=body)
+        if offered.remote is None:
+            await self._late_answer(call, ok, caller, callee)
+            return
+        self._start(call, offered.remote, caller, callee)
+        if not await dialog.resend_until_acked(self.endpoint, ok):
+            log.warning("sip: call %s: no ACK for our answer; hanging up", call_id)
+            if call.media is not None:
+                call.media.hang_up("no ACK")
+
+    def _offered(self, request: SipMessage, peer: Peer) -> Offered | None:
+        """The INVITE's offer (or a late offer); None once refused (400, 415 or 488)."""
         try:
-            timer = SessionTimer.asked(request, self.settings.min_session_expires_s)
+            return read_offer(request, self.settings.codecs)
+        except (SdpError, BodyError) as exc:
+            log.warning("sip: INVITE from %s refused: %s", peer.host, exc)
+            self._reply(request, peer, exc.status, exc.reason, refusal_headers(exc))
+            return None
+
+    def _asked_timer(self, request: SipMessage, peer: Peer) -> tuple[bool, SessionTimer | None]:
+        """The session timer the INVITE asks for (None: none); (False, None) once refused with
+        422."""
+        try:
+            return True, SessionTimer.asked(request, self.settings.min_session_expires_s)
         except IntervalTooSmall as small:
             headers = [("Min-SE", str(small.minimum))]
             self._reply(request, peer, 422, "Session Interval Too Small", headers)
-            return
-        caller, callee = header_user(request.header("From")), called_user(request)
+            return False, None
+
+    async def _admit(
+        self, request: SipMessage, peer: Peer, caller: str | None, callee: str | None
+    ) -> str | None:
+        """The switchboard's admission of the call; None once refused (486 or 503)."""
         try:
-            call_id = await self.board.admit("sip", caller=caller, callee=callee)
+            return await self.board.admit("sip", caller=caller, callee=callee)
         except CallsFull as full:
             busy = full.reason in _BUSY
             log.warning("sip: INVITE from %s refused: %s", peer.host, full.reason)
@@ -266,78 +315,49 @@ class SipService(InCall):
                 "Busy Here" if busy else "Service Unavailable",
                 headers,
             )
-            return
-        if invite.cancelled.is_set():  # while admission was asked for
-            self._let_go(invite, call_id)
-            return
+            return None
+
+    async def _open_rtp(
+        self, invite: InviteTransaction, offered: Offered, call_id: str
+    ) -> RtpSession | None:
+        """The call's RTP port (towards the offer's address; a late offer's: none yet, so
+        nothing is sent before the answer); None if none is free (503) or it was cancelled."""
+        request, peer = invite.invite, invite.peer
+        remote = offered.remote
         try:
             rtp = await open_rtp_session(
                 self.host,
                 self.settings.rtp_ports,
-                codec=G711(codec.name),
-                dtmf_payload_type=dtmf.payload_type if dtmf else None,
+                codec=G711(offered.codec.name),
+                dtmf_payload_type=offered.dtmf.payload_type if offered.dtmf else None,
                 on_audio=lambda pcm, at: self._audio(request.call_id, pcm, at),
                 on_dtmf=lambda digit, at: self._key(request.call_id, digit, at),
-                remote=(remote.address, remote.port),
+                remote=(remote.address, remote.port) if remote is not None else None,
                 signalling_host=peer.host,  # behind NAT, media comes from where the INVITE did
             )
         except OSError as exc:
             log.error("sip: no RTP port free: %s", exc)
             self.board.release(call_id)
             self._reply(request, peer, 503, "Service Unavailable", [("Retry-After", "5")])
-            return
+            return None
         if invite.cancelled.is_set():  # while the RTP port was opened
             self._let_go(invite, call_id, rtp)
-            return
-        sent_by = self.sent_by(peer.transport)
-        contact = self.contact(peer.transport)
-        dialog = SipDialog(request, peer, invite.local_tag, sent_by, contact)
-        call = SipCall(dialog, rtp, call_id)
-        self.calls[request.call_id] = call
-        if self.settings.answer_after_ms:
-            self._reply(request, peer, 180, "Ringing", to_tag=dialog.local_tag)
-            with contextlib.suppress(TimeoutError):
-                ring_s = self.settings.answer_after_ms / 1e3
-                await asyncio.wait_for(invite.cancelled.wait(), ring_s)
-            if invite.cancelled.is_set():
-                self._let_go(invite, call_id, rtp, call)
-                return
-        sdp = answer(
-            remote,
-            address=self.public,
-            port=rtp.local_port,
-            codec=codec,
-            dtmf=dtmf,
-            session_id=call.session_id,
-            version=call.version,
-        )
-        call.timer = timer
-        headers = timer.headers() if timer is not None else []
-        ok = self._reply(
-            request, peer, 200, "OK", headers, to_tag=dialog.local_tag, body=sdp.encode()
-        )
-        call.media = SipMedia(
-            call_id,
-            rtp,
-            on_close=lambda: self._ended(call),
-            idle_timeout_s=self.settings.media_timeout_s,
-        )
-        call.media.held = remote.on_hold
-        self.board.start(call_id, call.media, "sip", caller=caller, callee=callee)
-        log.info(
-            "sip: call %s from %s over %s (%s to %s, %s)",
-            call_id,
-            peer.host,
-            peer.transport,
-            caller,
-            callee,
-            codec.name,
-        )
-        if timer is not None:
-            self._spawn(self._watch_session(call, timer))
-        if not await dialog.resend_until_acked(self.endpoint, ok):
-            log.warning("sip: call %s: no ACK for our answer; hanging up", call_id)
-            call.media.hang_up("no ACK")
+            return None
+        return rtp
+
+    async def _rung(self, invite: InviteTransaction, call: SipCall) -> bool:
+        """180 and the ring time (if set); False if a CANCEL came meanwhile."""
+        if not self.settings.answer_after_ms:
+            return True
+        request, peer = invite.invite, invite.peer
+        self._reply(request, peer, 180, "Ringing", to_tag=call.dialog.local_tag)
+        with contextlib.suppress(TimeoutError):
+            ring_s = self.settings.answer_after_ms / 1e3
+            await asyncio.wait_for(invite.cancelled.wait(), ring_s)
+        if invite.cancelled.is_set():
+            self._let_go(invite, call.call_id, call.rtp, call)
+            return False
+        return True
 
     def _let_go(
         self,

@@ -14,7 +14,10 @@ from typing import Any
 
 from pipeline.tools import Transfer
 from voice.agents.transfer import CallControlError
+from voice.server.routes.sip_answer import apply_answer, preferring, reoffer, sdp_of
+from voice.server.settings import SipSettings
 from voice.throttle import LogThrottle
+from voice.transports.sip.body import BodyError
 from voice.transports.sip.dialog import InviteTransaction, SipDialog, same_transaction
 from voice.transports.sip.endpoint import Peer, SipEndpoint, SipError
 from voice.transports.sip.media import SipMedia
@@ -55,6 +58,7 @@ class InCall:
     calls: dict[str, SipCall]  # by SIP Call-ID
     invites: dict[str, InviteTransaction]  # INVITEs being answered, by SIP Call-ID
     warnings: LogThrottle  # refusals a flood could repeat
+    settings: SipSettings  # (sipB: the codecs a re-INVITE may switch to)
     _tasks: set[asyncio.Task[object]]
 
     @property
@@ -104,10 +108,36 @@ class InCall:
         return call if call is not None and call.dialog.matches(request) else None
 
     async def _watch_session(self, call: SipCall, timer: SessionTimer) -> None:
-        await timer.expired()
+        """The caller refreshes: end the call when the interval passes without. We refresh
+        (`refresher=uas`): an UPDATE every third of the interval; a 408 or 481 or no answer
+        ends the call with BYE (RFC 4028 §10)."""
+        if timer.ours:
+            reason = await self._refresh_session(call, timer)
+        else:
+            await timer.expired()
+            reason = "session expired (no refresh)"
         if call.media is not None and call.dialog.call_id in self.calls:
-            log.warning("sip: call %s: session expired (no refresh)", call.call_id)
+            log.warning("sip: call %s: %s", call.call_id, reason)
             call.media.hang_up("session expired")
+
+    async def _refresh_session(self, call: SipCall, timer: SessionTimer) -> str:
+        """Refresh by UPDATE (RFC 4028 §7.4: no body) until a refresh fails; why it did."""
+        while call.dialog.call_id in self.calls:
+            await asyncio.sleep(timer.refresh_due())  # a schedule, not a synchronisation
+            if call.dialog.call_id not in self.calls:
+                break
+            update = call.dialog.request("UPDATE", [*timer.headers()[:1], ("Supported", "timer")])
+            try:
+                answer = await self.endpoint.request(update, call.dialog.peer)
+            except SipError as exc:
+                return f"session refresh failed: {exc}"
+            if answer.status in (408, 481):
+                return f"session refresh answered {answer.status}"
+            if answer.status is None or not 200 <= answer.status < 300:
+                await timer.expired()  # other refusals: the session lasts out its interval
+                return f"session expired (refresh answered {answer.status})"
+            timer.refresh()
+        return "call over"
 
     def _update(self, request: SipMessage, peer: Peer) -> None:
         """UPDATE: a session refresh (RFC 4028), or a new offer like a re-INVITE's."""
@@ -123,21 +153,28 @@ class InCall:
             self._reply(request, peer, 200, "OK", headers, to_tag=call.dialog.local_tag)
 
     def _reinvite(self, call: SipCall, request: SipMessage, peer: Peer) -> None:
-        """Hold, unhold or a media move: the new offer is answered and applied."""
+        """Hold, unhold, a media move or a codec change (to any codec we have, RFC 3264 §8.3.2):
+        the new offer is answered and applied. Without an offer (RFC 3261 §14.2) we offer."""
         try:
-            remote = parse_sdp(request.body)
-            codec, dtmf = choose(remote, [call.rtp.codec.name])
+            sdp = sdp_of(request)
+        except BodyError as bad:
+            log.warning("sip: call %s: %s refused: %s", call.call_id, request.method, bad)
+            self._reply(request, peer, bad.status, bad.reason, bad.headers())
+            return
+        if not sdp and request.method == "INVITE":
+            reoffer(self, call, request, peer)
+            return
+        try:
+            remote = parse_sdp(sdp)
+            codec, dtmf = choose(remote, preferring(call.rtp.codec.name, self.settings.codecs))
         except SdpError as exc:
             self._reply(request, peer, exc.status, exc.reason)
             return
         if call.timer is not None:
             call.timer.refresh()
-        if call.media is not None:
-            call.media.held = remote.on_hold
-        if not remote.on_hold:
-            call.rtp.remote = (remote.address, remote.port)
+        apply_answer(call, remote, codec, dtmf)
         call.version += 1
-        sdp = answer(
+        sdp_text = answer(
             remote,
             address=self.public,
             port=call.rtp.local_port,
@@ -147,9 +184,10 @@ class InCall:
             version=call.version,
         )
         headers = call.timer.headers() if call.timer is not None else []
-        body = sdp.encode()
+        body = sdp_text.encode()
         self._reply(request, peer, 200, "OK", headers, to_tag=call.dialog.local_tag, body=body)
-        log.info("sip: call %s %s", call.call_id, "on hold" if remote.on_hold else "resumed")
+        state = "on hold" if remote.on_hold else "resumed"
+        log.info("sip: call %s %s (%s)", call.call_id, state, codec.name)
 
     # -- transfer (REFER, RFC 3515) ----------------------------------------------------------
 

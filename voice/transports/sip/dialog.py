@@ -17,9 +17,9 @@ from voice.transports.sip.message import (
     new_branch,
     new_tag,
     parse_name_addr,
-    parse_uri,
     parse_via,
 )
+from voice.transports.sip.syntax import uri_user
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,22 @@ class SipDialog:
     local_cseq: int = 1
     acked: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False
+    ack: SipMessage | None = None  # the last ACK (a late offer's answer is in its body)
+    # An offerless re-INVITE (RFC 3261 §14.2) answered with our offer: its CSeq number, and
+    # set when its ACK (with the answer) came.
+    reoffer_cseq: int | None = None
+    reacked: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def acknowledged(self, ack: SipMessage) -> None:
+        """An ACK of this dialog: of the re-INVITE we offered in, or of the INVITE's 2xx."""
+        self.ack = ack
+        number = None
+        with contextlib.suppress(SipParseError):
+            number = ack.cseq[0]
+        if self.reoffer_cseq is not None and number == self.reoffer_cseq:
+            self.reacked.set()
+        else:
+            self.acked.set()
 
     @property
     def call_id(self) -> str:
@@ -125,18 +141,22 @@ class SipDialog:
             message.add_header(name, value)
         return message
 
-    async def resend_until_acked(self, endpoint: SipEndpoint, answer: SipMessage) -> bool:
-        """Resend our 2xx over UDP (T1 doubling up to T2) until the ACK comes; False if it never
-        does within 32 s (the caller should then be sent BYE)."""
+    async def resend_until_acked(
+        self, endpoint: SipEndpoint, answer: SipMessage, acked: asyncio.Event | None = None
+    ) -> bool:
+        """Resend our 2xx over UDP (T1 doubling up to T2) until the ACK comes (`acked`: the
+        INVITE's by default); False if it never does within 32 s (the caller should then be
+        sent BYE, RFC 3261 §13.3.1.4)."""
+        event = self.acked if acked is None else acked
         interval = T1
         loop = asyncio.get_running_loop()
         deadline = loop.time() + TRANSACTION_S
-        while not self.acked.is_set():
+        while not event.is_set():
             left = deadline - loop.time()
             if left <= 0:
                 return False
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.acked.wait(), min(interval, left))
+                await asyncio.wait_for(event.wait(), min(interval, left))
                 return True
             if self.peer.transport == "UDP":
                 endpoint.send(answer, self.peer)
@@ -147,14 +167,10 @@ class SipDialog:
 def header_user(value: str | None) -> str | None:
     """The user part of a From/To header's URI (the caller's number), if any."""
     with contextlib.suppress(SipParseError):
-        return parse_uri(parse_name_addr(value or "").uri).user
+        return uri_user(parse_name_addr(value or "").uri)
     return None
 
 
 def called_user(request: SipMessage) -> str | None:
     """The called number: the Request-URI's user, else the To header's."""
-    with contextlib.suppress(SipParseError):
-        user = parse_uri(request.uri or "").user
-        if user:
-            return user
-    return header_user(request.header("To"))
+    return uri_user(request.uri or "") or header_user(request.header("To"))

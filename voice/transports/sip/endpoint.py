@@ -8,8 +8,8 @@ which is what works behind NAT. Everything runs on the event loop.
 Input is hostile (`SipLimits`): a source off the allow-list has a message budget, taken before
 its message is parsed (over it: dropped silently, a log line now and then); TCP and TLS
 connections are capped per source, the allow-list keeping its share, and closed on a slow
-message (the TLS handshake included) or when idle (`streams`). Malformed messages are logged
-(a few) and dropped; a TCP connection that sends one is closed."""
+message (the TLS handshake included) or when idle (`streams`). Malformed messages are logged (a
+few); a datagram with a readable Via gets 400 (`checks`); a TCP connection that sends one closes."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from voice.throttle import LogThrottle
+from voice.transports.sip.checks import malformed_answer
 from voice.transports.sip.limits import Connections, Kind, SipLimits, Sources, group
 from voice.transports.sip.message import SipMessage, SipParseError, parse_message
 from voice.transports.sip.streams import (
@@ -184,7 +185,8 @@ class SipEndpoint:
         data = message.to_bytes()
         if not message.is_request:
             stranger = self.sources.kind(peer.host) == "stranger"
-            self.transactions.answered(message, data, peer.source, stranger=stranger)
+            resend = partial(self._send_bytes, peer=peer) if peer.transport == "UDP" else None
+            self.transactions.answered(message, data, peer.source, stranger=stranger, resend=resend)
             self._note_call(message, peer)
         self._send_bytes(data, peer)
 
@@ -255,7 +257,7 @@ class SipEndpoint:
         try:
             message = parse_message(data)
         except SipParseError as exc:
-            self._bad(peer, exc)
+            self._bad(peer, exc, data)
             return
         self._dispatch(message, peer)
 
@@ -287,15 +289,16 @@ class SipEndpoint:
         except Exception:
             log.exception("sip: handling %s from %s failed", message.method, peer.address)
 
-    def _bad(self, peer: Peer, error: Exception) -> None:
-        self.bad_messages += 1
-        if self.bad_messages <= 5 or self.bad_messages % 100 == 0:
-            log.warning(
-                "sip: malformed message #%d from %s dropped: %s",
-                self.bad_messages,
-                peer.address,
-                error,
-            )
+    def _bad(self, peer: Peer, error: Exception, data: bytes = b"") -> None:
+        """Malformed: a datagram with a readable Via answered once (§8.2.6), the rest dropped."""
+        answer = malformed_answer(data, error) if peer.transport == "UDP" else None
+        if answer is not None:
+            self._send_bytes(answer, peer)
+            line, code = "sip: malformed request from %s answered %s: %s", answer[8:11].decode()
+            return self._warn(f"answered {peer.host} {code}", line, peer.address, code, error)
+        self.bad_messages += 1  # logged once a source address every 10 s
+        line = "sip: malformed message #%d from %s dropped: %s"
+        self._warn(f"malformed {peer.address}", line, self.bad_messages, peer.address, error)
 
     def _warn(self, key: str, message: str, *args: object) -> None:
         """A log line a flood could repeat: one per `key` every 10 s, ten a second in all."""

@@ -7,8 +7,8 @@ Input is hostile: anything malformed or over the limits raises `SipParseError` a
 else, and the work done is linear in the input. Header names are stored in their full form and
 usual spelling ("i" -> "Call-ID"); values without surrounding whitespace, folded lines joined by
 one space (§7.3.1). Header values are UTF-8 (bytes that are not become U+FFFD); control
-characters other than tab are refused. The values themselves (URIs, name-addr, Via, digest
-parameters) are parsed by `voice.transports.sip.headers`, re-exported here.
+characters but tab are refused unless escaped in a quoted string (§25.1). The values (URIs,
+name-addr, Via, digest parameters) are parsed by `voice.transports.sip.headers`, re-exported.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from voice.transports.sip.headers import (
     parse_via,
     split_list,
 )
+from voice.transports.sip.syntax import UnsupportedVersion, bare_control
 
 __all__ = [
     "MAX_HEADER_LINES", "MAX_LINE_BYTES", "MAX_MESSAGE_BYTES", "NameAddr", "SipMessage",
@@ -48,11 +49,9 @@ MAX_LINE_BYTES = 8192
 _REQUIRED = ("Via", "From", "To", "Call-ID", "CSeq")
 _SINGLE = ("From", "To", "Call-ID", "CSeq", "Content-Length")
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
-_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _NAME = re.compile(rb"[A-Za-z0-9\-.!%*_+`'~]+")
 _REQUEST_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[!-~]+")
 _CSEQ = re.compile(r"([0-9]{1,10})[ \t]+([A-Za-z0-9\-.!%*_+`'~]+)")
-_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 @dataclass
@@ -136,7 +135,7 @@ class SipMessage:
         if not length_written:
             lines.append(f"Content-Length: {len(self.body)}")
         for line in lines:
-            if _UNSAFE.search(line) is not None:
+            if bare_control(line):
                 raise ValueError(f"control character in {line[:80]!r}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + self.body
 
@@ -163,7 +162,7 @@ def _checked(name: str, value: str) -> str:
     key = canonical_name(name)
     if not is_token(key):
         raise ValueError(f"bad header name {name!r}")
-    if _UNSAFE.search(value) is not None:
+    if bare_control(value):
         raise ValueError(f"control character in the value of {key}")
     return key
 
@@ -189,7 +188,7 @@ def _parse_start_line(line: bytes, message: SipMessage) -> None:
         version, _, rest = text.partition(" ")
         code, _, reason = rest.partition(" ")
         if version.upper() != "SIP/2.0":
-            raise SipParseError(f"unsupported SIP version {version[:20]!r}")
+            raise UnsupportedVersion(f"unsupported SIP version {version[:20]!r}")
         if not (len(code) == 3 and code.isascii() and code.isdigit() and "100" <= code <= "699"):
             raise SipParseError(f"bad status code {code[:20]!r}")
         message.status, message.reason = int(code), reason.strip(" \t")
@@ -203,7 +202,7 @@ def _parse_start_line(line: bytes, message: SipMessage) -> None:
     if _REQUEST_URI.fullmatch(uri) is None:
         raise SipParseError(f"bad Request-URI {uri[:80]!r}")
     if version.upper() != "SIP/2.0":
-        raise SipParseError(f"unsupported SIP version {version[:20]!r}")
+        raise UnsupportedVersion(f"unsupported SIP version {version[:20]!r}")
     message.method, message.uri = method, uri
 
 
@@ -218,7 +217,7 @@ def _parse_head(head: bytes) -> SipMessage:
         line = raw[:-1] if raw.endswith(b"\r") else raw
         if len(line) > MAX_LINE_BYTES:
             raise SipParseError(f"line {number + 1} longer than {MAX_LINE_BYTES} bytes")
-        if _CONTROL.search(line) is not None:
+        if bare_control(line):
             raise SipParseError(f"control character in line {number + 1}")
         if number == 0:
             _parse_start_line(line, message)

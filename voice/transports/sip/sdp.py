@@ -15,6 +15,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from voice.transports.sip.syntax import reason_phrase
+
 MAX_SDP_BYTES = 16 * 1024
 MAX_SDP_LINES = 1000
 
@@ -61,7 +63,7 @@ class SdpError(ValueError):
 
     @property
     def reason(self) -> str:
-        return "Not Acceptable Here" if self.status == 488 else "Bad Request"
+        return reason_phrase(self.status)  # 488 "Not Acceptable Here", 400 "Bad Request", ...
 
 
 @dataclass(frozen=True)
@@ -281,3 +283,61 @@ def answer(
         else:
             lines.append(f"m={line.media} 0 {line.proto} {' '.join(line.formats)}")
     return "\r\n".join(lines) + "\r\n"
+
+
+# -- we offer: a late offer's 200 (RFC 3261 §13.2.1), an offerless re-INVITE's (§14.2) --------
+
+_G711_PAYLOAD_TYPES = {"PCMU": 0, "PCMA": 8}
+DTMF_PAYLOAD_TYPE = 101  # dynamic (RFC 4733 §7.1): the one most phones and trunks use
+
+
+def our_codecs(names: Sequence[str]) -> tuple[list[Codec], Codec]:
+    """The audio codecs we offer (G.711 `names`, in order) and our telephone-event codec."""
+    audio = [Codec(_G711_PAYLOAD_TYPES[n], n, 8000) for n in names if n in _G711_PAYLOAD_TYPES]
+    if not audio:
+        raise ValueError(f"no G.711 codec among {list(names)!r}")
+    return audio, Codec(DTMF_PAYLOAD_TYPE, "telephone-event", 8000)
+
+
+def offer(
+    *,
+    address: str,
+    port: int,
+    codecs: Sequence[str],
+    session_id: int,
+    version: int,
+    direction: str = "sendrecv",
+) -> str:
+    """Our SDP offer (RFC 3264 §5): one audio stream at `address:port` with every codec of
+    `codecs` we have (in that order) and telephone-event/8000."""
+    audio, dtmf = our_codecs(codecs)
+    if direction not in DIRECTIONS or not 0 <= port <= 65535 or min(session_id, version) < 0:
+        raise ValueError("bad direction, port, session id or version")
+    if not address or any(ch.isspace() or not ch.isprintable() for ch in address):
+        raise ValueError(f"bad address {address!r}")
+    family = "IP6" if ":" in address else "IP4"
+    formats = [*audio, dtmf]
+    lines = [
+        "v=0",
+        f"o=hotline {session_id} {version} IN {family} {address}",
+        "s=Hotline",
+        f"c=IN {family} {address}",
+        "t=0 0",
+        f"m=audio {port} RTP/AVP {' '.join(str(c.payload_type) for c in formats)}",
+        *(f"a=rtpmap:{c.payload_type} {c.name}/{c.rate}" for c in formats),
+        f"a=fmtp:{dtmf.payload_type} 0-15",
+        "a=ptime:20",
+        f"a={direction}",
+    ]
+    return "\r\n".join(lines) + "\r\n"
+
+
+def answered(remote: RemoteMedia, codecs: Sequence[str]) -> tuple[Codec, Codec | None]:
+    """The codec an answer to our offer picked (RFC 3264 §6.1: the answerer's first listed
+    format we offered) and its telephone-event codec. SdpError 488 if it picked none of ours."""
+    ours = {name.upper() for name in codecs}
+    for codec in remote.codecs:
+        if codec.name.upper() in ours and codec.rate == 8000:
+            return choose(remote, [codec.name])
+    picked = ", ".join(f"{c.name}/{c.rate}" for c in remote.codecs) or "none"
+    raise SdpError(f"the answer picked no codec we offered ({picked[:200]})", 488)

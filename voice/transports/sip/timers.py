@@ -1,7 +1,9 @@
 """Session timers (RFC 4028): when the caller asks for them (`Supported: timer` and
 `Session-Expires`), the call must be refreshed (a re-INVITE or an UPDATE) within the interval,
-or it is over: a caller's side that died without a BYE does not hold a line. The caller
-refreshes (`refresher=uac`); we only watch."""
+or it is over: a caller's side that died without a BYE does not hold a line. Who refreshes
+(RFC 4028 §9): the caller's choice when it names one; when it names none, the caller
+(`refresher=uac`: it supports timers). With `refresher=uas` we refresh, by UPDATE without a
+body (§7.4, §10) when the caller's Allow lists UPDATE, before half the interval passes."""
 
 from __future__ import annotations
 
@@ -33,8 +35,19 @@ def _delta(value: str) -> tuple[int, dict[str, str | None]]:
 class SessionTimer:
     """The interval a call must be refreshed within, and when it last was."""
 
-    def __init__(self, interval_s: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        interval_s: int,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        refresher: str = "uac",
+        update: bool = False,
+    ) -> None:
+        """`refresher`: "uac" (the caller refreshes) or "uas" (we do); `update`: the caller
+        allows UPDATE."""
         self.interval_s = interval_s
+        self.refresher = refresher
+        self.update = update
         self._clock = clock
         self.refreshed_at = clock()
         self._refreshed = asyncio.Event()
@@ -49,16 +62,33 @@ class SessionTimer:
         if value is None or not ({"timer"} & (supported | required)):
             return None
         try:
-            interval, _ = _delta(value)
+            interval, params = _delta(value)
         except SipParseError:
             return None
         if interval < minimum_s:
             raise IntervalTooSmall(minimum_s)
-        return cls(interval)
+        asked = (params.get("refresher") or "").strip().lower()
+        allow = {m.strip().upper() for v in request.header_values("Allow") for m in v.split(",")}
+        update = "UPDATE" in allow  # we refresh only by UPDATE (re-INVITE: not yet)
+        ours = asked == "uas" and update
+        return cls(interval, refresher="uas" if ours else "uac", update=update)
 
     def headers(self) -> list[tuple[str, str]]:
-        """What our 2xx says: the interval, the caller refreshes, and that timers are on."""
-        return [("Session-Expires", f"{self.interval_s};refresher=uac"), ("Require", "timer")]
+        """What our 2xx says: the interval, who refreshes, and that timers are on."""
+        return [
+            ("Session-Expires", f"{self.interval_s};refresher={self.refresher}"),
+            ("Require", "timer"),
+        ]
+
+    @property
+    def ours(self) -> bool:
+        """We refresh (RFC 4028 §10): the caller asked `refresher=uas` and allows UPDATE."""
+        return self.refresher == "uas"
+
+    def refresh_due(self) -> float:
+        """Seconds until our refresh is due: a third of the interval after the last one
+        (RFC 4028 §10 recommends sending it by half the interval)."""
+        return max(self.refreshed_at + self.interval_s / 3 - self._clock(), 0.0)
 
     def refresh(self) -> None:
         self.refreshed_at = self._clock()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from voice.transports.sip.message import SipMessage, SipParseError, parse_name_addr, parse_via
+from voice.transports.sip.resend import Resender, Send
 
 MAGIC_COOKIE = "z9hG4bK"
 
@@ -77,6 +78,7 @@ class ServerTransactions:
             False: OrderedDict(),
             True: OrderedDict(),
         }
+        self.resender = Resender()  # Timer G/H: refusals of INVITEs over UDP, until the ACK
 
     def __len__(self) -> int:
         return sum(len(table) for table in self._tables.values())
@@ -89,7 +91,10 @@ class ServerTransactions:
         key = transaction_key(request, source)
         entry = self._find(key) if key is not None else None
         if request.method == "ACK":
-            return "absorb" if entry is not None and entry.status >= 300 else None
+            if key is None or entry is None or entry.status < 300:
+                return None
+            self.resender.acked(key)  # Timer G stops; Timer I absorbs the ACK's repeats
+            return "absorb"
         if entry is None:
             return None
         return entry.response if entry.response is not None else "absorb"
@@ -102,12 +107,22 @@ class ServerTransactions:
             self._put(key, _Entry(None, 0, self.clock() + self.lifetime_s), stranger)
 
     def answered(
-        self, response: SipMessage, data: bytes, source: Source, *, stranger: bool
+        self,
+        response: SipMessage,
+        data: bytes,
+        source: Source,
+        *,
+        stranger: bool,
+        resend: Send | None = None,
     ) -> None:
-        """We sent `response` (as `data`) to `source`: its request's retransmissions get it."""
+        """We sent `response` (as `data`) to `source`: its request's retransmissions get it.
+        `resend` (UDP only): how to send it again; a 3xx-6xx to an INVITE is resent until
+        its ACK (RFC 3261 §17.2.1, Timer G), bounded for strangers."""
         key = transaction_key(response, source)
         if key is None or response.status is None:
             return
+        if resend is not None and response.status >= 300 and response.cseq[1] == "INVITE":
+            self.resender.start(key, data, resend, source[1], stranger=stranger)
         entry = _Entry(data, response.status, self.clock() + self.lifetime_s)
         for kind, table in self._tables.items():
             if key in table:
