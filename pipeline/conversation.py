@@ -40,7 +40,6 @@ from pipeline.endpoint import leaves_hanging
 from pipeline.keypad import Keypad
 from pipeline.llm.client import ChatMessage
 from pipeline.llm.errors import LLMError
-from pipeline.opening import NOTICE_ATTEMPTS, Opening, announce
 from pipeline.records import TurnClock, TurnRecord
 from pipeline.replies import (
     Reply,
@@ -115,15 +114,13 @@ class Conversation:
         callee: str | None = None,
         notice: str | None = None,
         turn_model: TurnJudge | None = None,
-        notice_attempts: int = NOTICE_ATTEMPTS,
     ) -> None:
         """`on_key(digit)` sees each DTMF key first; returning True consumes it (e.g. "0" for a
         person); other keys are collected into a keypad turn that the LLM answers. `tools` are
         the ones the LLM may call (`pipeline.tool_turns`); `on_action` carries out what a tool
         asks of the call (put through, hang up, press keys) once the reply before it has been
         heard; without it, only hanging up is done (here). `notice` is said before the greeting
-        (e.g. "this call is recorded"): said again before answering a caller who cut it short,
-        up to `notice_attempts` times (`pipeline.opening`; recording waits on `notice_played`).
+        (e.g. "this call is recorded"); a `notice_played` event follows it, heard or cut off.
         `turn_model` judges each pause (`pipeline.turn_taking.end_of_turn`); None: none."""
         self.call_id = call_id
         self.transport = transport
@@ -144,8 +141,7 @@ class Conversation:
         self._tool_runner = ToolRunner(tools, self.tool_settings, transport, self._emit)
         self._on_action = on_action
         self.caller, self.callee = caller, callee
-        greeting = self.settings.greeting
-        self.opening = Opening(call_id, notice, greeting, self._say, self._emit, notice_attempts)
+        self.notice = notice
         self._keypad = Keypad(self.settings.keypad_timeout_s, self._keypad_turn)
         self._response: asyncio.Task[None] | None = None
         # Caller speech whose reply was cut off before any of it played: it is answered together
@@ -192,8 +188,8 @@ class Conversation:
         """Serve the call until the caller hangs up or the transport ends."""
         log.info("call %s: conversation started", self.call_id)
         try:
-            if self.opening.due:
-                self._response = asyncio.create_task(self.opening.run())
+            if self.notice or self.settings.greeting:
+                self._response = asyncio.create_task(self._opening())
             async for event in self.transport.inbound():
                 if isinstance(event, AudioIn):
                     for found in self.detector.push(event.pcm, event.at):
@@ -272,8 +268,7 @@ class Conversation:
         if self._response is not None and not self._response.done():
             self._response.cancel()
         text = f"(The caller pressed {' '.join(digits)} on the keypad.)"
-        clock = TurnClock(time.monotonic())
-        self._response = self._answer(functools.partial(self._reply, text, clock, None))
+        self._response = asyncio.create_task(self._reply(text, TurnClock(time.monotonic()), None))
 
     async def _stop_response(self) -> None:
         task, self._response = self._response, None
@@ -304,7 +299,7 @@ class Conversation:
         self._early = _Early(pause.end_position, task, urgency)
         judging = self._end_of_turn.pause(pause.end_position, audio, task)  # may end the turn
         idle = self._response is None or self._response.done()
-        if self.settings.speculate and idle and not (self._keypad.collecting or self.opening.owed):
+        if self.settings.speculate and idle and not self._keypad.collecting:
             words, gate = Unanswered(audio, TurnClock(pause.speech_ended_at), task), Gate()
             respond = functools.partial(self._respond, words, task, gate)
             held = judging.unless_going_on(gate, respond, words.clock, task)
@@ -375,7 +370,7 @@ class Conversation:
         transcribing = early or asyncio.create_task(self.stt.transcribe(audio))
         # Kept on the call from here, not in the task: the caller may hang up before it runs.
         self._unheard = Unanswered(audio, clock, transcribing)
-        self._response = self._answer(functools.partial(self._respond, self._unheard, transcribing))
+        self._response = asyncio.create_task(self._respond(self._unheard, transcribing))
 
     # -- one response -----------------------------------------------------------------------
 
@@ -676,14 +671,36 @@ class Conversation:
             )
             return None
 
-    def _answer(self, answer: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
-        """The response task of a caller's turn: a notice they cut short is said first."""
-        return asyncio.create_task(self.opening.before(answer))
+    async def _opening(self) -> None:
+        """The notice (if any), then the greeting (if any)."""
+        if self.notice:
+            try:
+                await self._announce(self.notice)
+            finally:
+                self._emit({"type": "notice_played"})
+        if self.settings.greeting:
+            await self._announce(self.settings.greeting)
 
     async def _announce(self, text: str, then: CallAction | None = None) -> None:
         """Speak a fixed text (greeting, operator message); history keeps what was heard."""
-        if await self._say(text) and then is not None:
+        spoken: list[Spoken] = []
+        watchers: list[asyncio.Task[None]] = []
+        clock = TurnClock(time.monotonic())
+        splitter = SentenceSplitter(self.sentence_settings)
+        heard_all = False
+        try:
+            for sentence in [*splitter.push(text), *splitter.flush()]:
+                watchers.extend(await self._speak(sentence, spoken, clock))
+            if spoken:
+                await self.transport.wait_played(spoken[-1].end)
+            heard_all = True
+        except PlaybackCleared:
+            pass
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
+            heard = heard_text(spoken, self.transport.played_samples)
+            if heard:
+                self.history.append(ChatMessage(role="assistant", content=heard))
+        if heard_all and then is not None:
             await self._carry_out_action(then)
-
-    def _say(self, text: str) -> Awaitable[bool]:
-        return announce(text, self.transport, self._speak, self.sentence_settings, self.history)

@@ -39,17 +39,6 @@ def recording_view(
     }
 
 
-def notice_view(state: dict[str, object] | None) -> dict[str, object] | None:
-    """The recording notice as the calls API and the webhook show it (`pipeline.opening`):
-    heard in full or not, how many times it was begun and cut short, and so whether recording
-    started (None: the call had no notice)."""
-    if state is None:
-        return None
-    if state.get("heard_in_full"):
-        return {**state, "recording": "on"}
-    return {**state, "recording": "off", "reason": "notice not heard in full"}
-
-
 @dataclass(frozen=True)
 class CallRecord:
     """A call as the calls API shows it: summary fields, turn records and the history the caller
@@ -71,7 +60,6 @@ class CallRecord:
     transfer: dict[str, str] | None = None  # where the caller was put through: to, reason, summary
     agent: str = "default"  # the agent that answered
     recording: dict[str, object] | None = None  # where its recording is (RecordingLocation)
-    notice: dict[str, object] | None = None  # the recording notice: heard in full? (opening)
 
     @property
     def state(self) -> str:
@@ -101,7 +89,6 @@ class CallRecord:
             "records": [record.to_dict() for record in self.records],
             "history": [_message(m) for m in self.history],
             "recording": recording_view(self.call_id, RecordingLocation.of(self.recording)),
-            "notice": notice_view(self.notice),
         }
 
     def with_recording(self, recording: dict[str, object]) -> CallRecord:
@@ -152,7 +139,6 @@ class Call:
             self.transfer,
             self.agent.name if self.agent is not None else "default",
             self.recording,
-            conversation.opening.state(),
         )
 
     def summary(self) -> dict[str, object]:

@@ -199,7 +199,6 @@ class Switchboard:
             callee=callee,
             notice=notice,
             turn_model=self.turn_model,
-            notice_attempts=self.recordings.settings.notice_attempts if self.recordings else 2,
         )
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
         call.experiment, call.arm, call.agent = experiment, arm, ready
@@ -317,7 +316,7 @@ class Switchboard:
         if event.get("type") == "speculation_discarded":
             metrics.SPECULATIONS.inc()
         elif event.get("type") == "notice_played" and (call := self.active.get(call_id)):
-            self._record(call)  # announce: recording starts once the notice was heard in full
+            self._record(call)  # announce: recording starts once the notice was said
         if event.get("type") != "turn":  # append_turn publishes the turn along with storing it
             self.sessions.publish(call_id, event)
 
