@@ -40,6 +40,7 @@ from pipeline.endpoint import leaves_hanging
 from pipeline.keypad import Keypad
 from pipeline.llm.client import ChatMessage
 from pipeline.llm.errors import LLMError
+from pipeline.opening import NOTICE_ATTEMPTS, Notice, announce
 from pipeline.records import TurnClock, TurnRecord
 from pipeline.replies import (
     Reply,
@@ -114,19 +115,22 @@ class Conversation:
         callee: str | None = None,
         notice: str | None = None,
         turn_model: TurnJudge | None = None,
+        notice_attempts: int = NOTICE_ATTEMPTS,
     ) -> None:
         """`on_key(digit)` sees each DTMF key first; returning True consumes it (e.g. "0" for a
         person); other keys are collected into a keypad turn that the LLM answers. `tools` are
         the ones the LLM may call (`pipeline.tool_turns`); `on_action` carries out what a tool
         asks of the call (put through, hang up, press keys) once the reply before it has been
         heard; without it, only hanging up is done (here). `notice` is said before the greeting
-        (e.g. "this call is recorded"); a `notice_played` event follows it, heard or cut off.
+        ("this call is recorded"); cut short, again before the next replies (`pipeline.opening`).
         `turn_model` judges each pause (`pipeline.turn_taking.end_of_turn`); None: none."""
         self.call_id = call_id
         self.transport = transport
         self.stt = stt
         self.llm = llm
-        self.tts = tts
+        attempts = notice_attempts
+        self.notice = Notice(call_id, notice, transport, self._emit, attempts, sentence_settings)
+        self.tts = self.notice.voice(tts)  # the notice synthesised once, however often said
         self.settings = settings or ConversationSettings()
         self.sentence_settings = sentence_settings
         self.detector = TurnDetector(turn_settings)
@@ -141,7 +145,6 @@ class Conversation:
         self._tool_runner = ToolRunner(tools, self.tool_settings, transport, self._emit)
         self._on_action = on_action
         self.caller, self.callee = caller, callee
-        self.notice = notice
         self._keypad = Keypad(self.settings.keypad_timeout_s, self._keypad_turn)
         self._response: asyncio.Task[None] | None = None
         # Caller speech whose reply was cut off before any of it played: it is answered together
@@ -188,7 +191,7 @@ class Conversation:
         """Serve the call until the caller hangs up or the transport ends."""
         log.info("call %s: conversation started", self.call_id)
         try:
-            if self.notice or self.settings.greeting:
+            if self.notice.owed or self.settings.greeting:
                 self._response = asyncio.create_task(self._opening())
             async for event in self.transport.inbound():
                 if isinstance(event, AudioIn):
@@ -431,6 +434,8 @@ class Conversation:
             watchers.extend(await self._speak(sentence, spoken, clock, gate))
 
         try:
+            # A notice cut short before is said again, in full, before this reply.
+            watchers.extend(await self.notice.say(speak, spoken, gate))
             if stream.filler:
                 await speak(stream.filler)
             splitter = SentenceSplitter(self.sentence_settings)
@@ -481,6 +486,7 @@ class Conversation:
         finally:
             for watcher in watchers:
                 watcher.cancel()
+            self.notice.stopped(spoken)
             for tool_round in rounds:
                 await tool_round.cancel()
             try:
@@ -673,34 +679,17 @@ class Conversation:
 
     async def _opening(self) -> None:
         """The notice (if any), then the greeting (if any)."""
-        if self.notice:
-            try:
-                await self._announce(self.notice)
-            finally:
-                self._emit({"type": "notice_played"})
+        if self.notice.owed:
+            await self._say("", self.notice)
         if self.settings.greeting:
-            await self._announce(self.settings.greeting)
+            await self._say(self.settings.greeting)
 
     async def _announce(self, text: str, then: CallAction | None = None) -> None:
-        """Speak a fixed text (greeting, operator message); history keeps what was heard."""
-        spoken: list[Spoken] = []
-        watchers: list[asyncio.Task[None]] = []
-        clock = TurnClock(time.monotonic())
-        splitter = SentenceSplitter(self.sentence_settings)
-        heard_all = False
-        try:
-            for sentence in [*splitter.push(text), *splitter.flush()]:
-                watchers.extend(await self._speak(sentence, spoken, clock))
-            if spoken:
-                await self.transport.wait_played(spoken[-1].end)
-            heard_all = True
-        except PlaybackCleared:
-            pass
-        finally:
-            for watcher in watchers:
-                watcher.cancel()
-            heard = heard_text(spoken, self.transport.played_samples)
-            if heard:
-                self.history.append(ChatMessage(role="assistant", content=heard))
-        if heard_all and then is not None:
+        """Speak a fixed text (an operator's message); once heard in full, carry out `then`."""
+        if await self._say(text) and then is not None:
             await self._carry_out_action(then)
+
+    def _say(self, text: str, notice: Notice | None = None) -> Awaitable[bool]:
+        """Speak a fixed text (`pipeline.opening.announce`): history keeps what was heard."""
+        settings = self.sentence_settings
+        return announce(text, self.transport, self._speak, settings, self.history, notice)

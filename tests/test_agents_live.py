@@ -41,6 +41,8 @@ SECRET = "agents-live-signing-secret-5f2a"
 HOOK_SECRET = "post-call-webhook-secret-91c4"
 RECEPTIONIST = "+15551230000"  # deploy/agents/receptionist.yaml
 FRONT_DESK = "+15551230001"
+# Longer than the whole call takes: a caller that waited it out never noticed the hang-up.
+QUIET_AFTER_HANG_UP_S = 60.0
 ORDERS = "+15559870001"  # the order line below, served by the endpoint
 SLOW_ORDERS = "+15559870002"  # the same tool, from a service that never answers
 
@@ -307,15 +309,18 @@ async def test_the_person_key_puts_the_caller_through_the_same_way(agents_server
 async def test_a_softphone_caller_sees_where_the_call_went(agents_server: Server) -> None:
     """WebRTC reaches the agent with `webrtc: true` (the receptionist); a transfer is shown to
     the softphone as an event and kept in the call record."""
-    # The WebRTC caller waits for `quiet_s` of silence after the reply, and once the server has
-    # hung up no frames come to be silent: it waits out `reply_timeout_s` (30 s by default).
-    # 12 s is still ample for the reply itself, which this test does not time.
+    # After the reply the caller waits for `quiet_s` of silence before it would speak again;
+    # once the server has hung up, no frames come to be silent. A caller that does not notice
+    # the hang-up waits out the whole `quiet_s` (it did: 28 s with the defaults).
+    started = time.monotonic()
     result = await place_call(
         agents_server.url,
-        [utterance("Can you transfer me to a person, please?")],
-        quiet_s=2.0,
-        reply_timeout_s=12.0,
+        [utterance("Can you transfer me to a person, please?"), utterance("Hello?")],
+        quiet_s=QUIET_AFTER_HANG_UP_S,
+        reply_timeout_s=QUIET_AFTER_HANG_UP_S,
     )
+    assert time.monotonic() - started < QUIET_AFTER_HANG_UP_S  # it stopped when the call ended
+    assert len(result.turns) == 1  # and said nothing into the closed line
     transfers = [e for e in result.events if e.get("type") == "transfer"]
     assert [e["to"] for e in transfers] == [FRONT_DESK]
     call = detail(agents_server, result.call_id)

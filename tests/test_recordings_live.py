@@ -240,6 +240,14 @@ async def test_announce_says_the_notice_then_records(
         {"role": "assistant", "content": NOTICE},
         {"role": "assistant", "content": GREETING},
     ]
+    # ... heard in full the first time, so the call was recorded (issue 25 item 8)
+    assert detail["notice"] == {
+        "heard_in_full": True,
+        "attempts": 1,
+        "cut_short": 0,
+        "reason": None,
+        "recording": True,
+    }
     recording = detail["recording"]
     assert isinstance(recording, dict)
     left, right = channels(api(a, recording["url"]).content)

@@ -170,14 +170,11 @@ def call(
             if phone.rejected is not None:
                 console.print(f"[red]call rejected:[/] {phone.rejected}")
                 raise typer.Exit(1)
-            if phone.transferred_to is not None:
-                console.print(f"[bold]Twilio put the caller through to {phone.transferred_to}[/]")
-            elif phone.after_stream is not None:
-                console.print(f"after the stream, Twilio was told: {phone.after_stream}")
             result = phone
         write_wav(out, result.reply_audio)
         detail = httpx.get(f"{url.rstrip('/')}/calls/{result.call_id}", timeout=10).json()
         console.print(f"[bold]call {result.call_id}[/] ({attempt + 1}/{repeat}), reply: {out}")
+        _print_ending(result, detail)
         console.print(_turn_table(result, detail.get("records", []), measured))
     if repeat > 1 and measured:
         stages = list(next(iter(measured.values())))
@@ -188,6 +185,21 @@ def call(
                 *(f"{statistics.median(samples.get(stage, [0.0])):.0f}" for stage in stages),
             )
         console.print(table)
+
+
+def _print_ending(result: CallResult, detail: dict[str, Any]) -> None:
+    """Where the call went (a transfer) and why it ended, as the caller and the server saw it."""
+    from voice.devtools.phone_caller import PhoneCallResult
+
+    if isinstance(result, PhoneCallResult) and result.transferred_to is not None:
+        console.print(f"[bold]Twilio put the caller through to {result.transferred_to}[/]")
+    elif isinstance(result, PhoneCallResult) and result.after_stream is not None:
+        console.print(f"after the stream, Twilio was told: {result.after_stream}")
+    for event in result.events:
+        if event.get("type") == "transfer":
+            console.print(f"[bold]put through to {event.get('to')}[/] ({event.get('reason')})")
+    if detail.get("end_reason"):
+        console.print(f"the call ended: {detail['end_reason']}")
 
 
 def _turn_table(

@@ -60,6 +60,8 @@ class RegisteredCall:
     # Where its recording is: {"worker_id", "file", "duration_s", "bytes", "s3_key", ...}
     # (voice.recordings.calls.RecordingLocation), once the call has ended.
     recording: dict[str, object] | None = None
+    # What became of the recording notice (voice.server.call_records.notice_view), if it had one.
+    notice: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)

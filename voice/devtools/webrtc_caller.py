@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 import av
 import httpx
@@ -65,7 +66,12 @@ class CallerMicrophone(PacedAudioTrack):
 
 
 class _TrackEar(Ear):
-    """Receives the reply track: keeps the audio and when each frame was audible."""
+    """Receives the reply track: keeps the audio and when each frame was audible. `hung_up` is
+    set when the track ends or the connection closes: the server ended the call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hung_up = asyncio.Event()
 
     async def listen(self, track: MediaStreamTrack) -> None:
         resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
@@ -78,13 +84,13 @@ class _TrackEar(Ear):
                     pcm = out.to_ndarray().reshape(-1).astype(np.int16, copy=False)
                     self.record(now, rms(pcm) > AUDIBLE_RMS, pcm)
         except MediaStreamError:
-            pass
+            self.hung_up.set()
 
 
 class _WebRTCLine:
     """The caller's end of a WebRTC call, as the turn loop uses it."""
 
-    def __init__(self, mic: CallerMicrophone, ear: Ear) -> None:
+    def __init__(self, mic: CallerMicrophone, ear: _TrackEar) -> None:
         self.mic = mic
         self.ear = ear
 
@@ -92,7 +98,7 @@ class _WebRTCLine:
         return self.mic.say(pcm)
 
     async def hear(self, predicate: FrameTest, within_s: float) -> float | None:
-        return await self.ear.wait_for(predicate, within_s)
+        return await self.ear.wait_or_hang_up(predicate, within_s, self.ear.hung_up)
 
     async def press(self, digits: str) -> None:
         raise NotImplementedError("the WebRTC caller has no keypad")
@@ -110,6 +116,21 @@ async def _offer(pc: RTCPeerConnection, url: str) -> str:
         answer = response.json()
     await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
     return str(answer["call_id"])
+
+
+async def _until_hung_up(script: Coroutine[Any, Any, None], hung_up: asyncio.Event) -> None:
+    """Run the caller's script until it ends or the server hangs up (then at once: a closed
+    connection takes no more of the caller's words)."""
+    talking = asyncio.ensure_future(script)
+    ended = asyncio.ensure_future(hung_up.wait())
+    try:
+        await asyncio.wait({talking, ended}, return_when=asyncio.FIRST_COMPLETED)
+        if talking.done():
+            talking.result()  # a failure in the script is raised, not hidden
+    finally:
+        for task in (talking, ended):
+            task.cancel()
+        await asyncio.gather(talking, ended, return_exceptions=True)
 
 
 async def place_call(
@@ -140,6 +161,11 @@ async def place_call(
         if isinstance(message, str):
             events.append(json.loads(message))
 
+    @pc.on("connectionstatechange")
+    def on_state() -> None:
+        if pc.connectionState in ("closed", "failed"):
+            ear.hung_up.set()
+
     @pc.on("track")
     def on_track(track: MediaStreamTrack) -> None:
         if track.kind == "audio":
@@ -149,7 +175,7 @@ async def place_call(
     call_id = ""
     try:
         call_id = await _offer(pc, url)
-        await converse(
+        script = converse(
             _WebRTCLine(mic, ear),
             utterances,
             turns,
@@ -157,6 +183,7 @@ async def place_call(
             reply_timeout_s=reply_timeout_s,
             quiet_s=quiet_s,
         )
+        await _until_hung_up(script, ear.hung_up)
     finally:
         await pc.close()
         for task in listeners:

@@ -48,4 +48,7 @@ class RecordingSettings(BaseModel):
     # Whisper to hear it there; none at 48 kb/s). About 21 MB an hour.
     bitrate: int = Field(default=48_000, ge=40_000, le=256_000)
     notice: str = "This call is recorded."
+    # A notice the caller cut short (an interruption, not an "mm-hm") is said again in full at
+    # the start of the next reply; after this many tries cut short, the call is not recorded.
+    notice_attempts: int = Field(default=2, ge=1, le=10)
     s3: S3Settings = Field(default_factory=S3Settings)

@@ -39,6 +39,15 @@ def recording_view(
     }
 
 
+def notice_view(outcome: dict[str, object] | None, recorded: bool) -> dict[str, object] | None:
+    """The recording notice as the calls API and the post-call webhook show it
+    (`pipeline.opening`): heard in full or not, its tries and how many were cut short, whether
+    the call was recorded, and why not (None: the call had no notice)."""
+    if outcome is None:
+        return None
+    return {**outcome, "recording": recorded}
+
+
 @dataclass(frozen=True)
 class CallRecord:
     """A call as the calls API shows it: summary fields, turn records and the history the caller
@@ -60,6 +69,7 @@ class CallRecord:
     transfer: dict[str, str] | None = None  # where the caller was put through: to, reason, summary
     agent: str = "default"  # the agent that answered
     recording: dict[str, object] | None = None  # where its recording is (RecordingLocation)
+    notice: dict[str, object] | None = None  # what became of the recording notice (notice_view)
 
     @property
     def state(self) -> str:
@@ -89,6 +99,7 @@ class CallRecord:
             "records": [record.to_dict() for record in self.records],
             "history": [_message(m) for m in self.history],
             "recording": recording_view(self.call_id, RecordingLocation.of(self.recording)),
+            "notice": self.notice,
         }
 
     def with_recording(self, recording: dict[str, object]) -> CallRecord:
@@ -139,7 +150,13 @@ class Call:
             self.transfer,
             self.agent.name if self.agent is not None else "default",
             self.recording,
+            self.notice(),
         )
+
+    def notice(self) -> dict[str, object] | None:
+        """What became of the call's recording notice (None: it had none)."""
+        recorded = self.recorder is not None or self.recording is not None
+        return notice_view(self.conversation.notice.state(), recorded)
 
     def summary(self) -> dict[str, object]:
         return self.record().summary()

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.conversation import Conversation
 from pipeline.llm.routing import Policy, TierRouter
+from pipeline.opening import NOTICE_ATTEMPTS
 from pipeline.records import TurnRecord
 from pipeline.services import SpeechRecognizer, SpeechSynthesizer
 from pipeline.tools import CallAction, ToolSpec, Transfer
@@ -199,6 +200,9 @@ class Switchboard:
             callee=callee,
             notice=notice,
             turn_model=self.turn_model,
+            notice_attempts=self.recordings.settings.notice_attempts
+            if self.recordings is not None
+            else NOTICE_ATTEMPTS,
         )
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
         call.experiment, call.arm, call.agent = experiment, arm, ready
@@ -249,6 +253,7 @@ class Switchboard:
                 call.recording = location.to_dict()
                 with contextlib.suppress(UnknownCall):
                     self.sessions.update_call(call.call_id, recording=call.recording)
+            self._note_notice(call)  # also when the caller hung up before hearing it
             self.sessions.end_call(call.call_id, reason=call.conversation.end_reason)
             self.active.pop(call.call_id, None)
             metrics.ACTIVE_CALLS.set(len(self.active))
@@ -316,9 +321,19 @@ class Switchboard:
         if event.get("type") == "speculation_discarded":
             metrics.SPECULATIONS.inc()
         elif event.get("type") == "notice_played" and (call := self.active.get(call_id)):
-            self._record(call)  # announce: recording starts once the notice was said
+            if event.get("heard_in_full"):
+                self._record(call)  # announce: recording starts once the notice was heard
+            self._note_notice(call)
         if event.get("type") != "turn":  # append_turn publishes the turn along with storing it
             self.sessions.publish(call_id, event)
+
+    def _note_notice(self, call: Call) -> None:
+        """The call's record in Redis says what became of its recording notice (any worker's
+        `GET /calls/{id}` shows it)."""
+        notice = call.notice()
+        if notice is not None:
+            with contextlib.suppress(UnknownCall):
+                self.sessions.update_call(call.call_id, notice=notice)
 
     def _on_turn(self, call_id: str, record: TurnRecord) -> None:
         metrics.observe_turn(record)
