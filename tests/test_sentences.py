@@ -579,7 +579,7 @@ def test_first_piece_is_synthesised_sooner() -> None:
     tts.warm_up()
     before: list[float] = []
     after: list[float] = []
-    for text in OPENINGS:
+    for text in OPENINGS[:6]:  # six: the median is as clear, at 40% less synthesis time
         pieces = (split_whole(text, TODAY)[0], split_whole(text)[0])
         best = [float("inf"), float("inf")]
         for _ in range(2):  # interleaved, so a busy machine slows both alike

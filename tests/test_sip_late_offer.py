@@ -1,23 +1,29 @@
 """Late offers (RFC 3261 §13.2.1: an INVITE without SDP; our offer in the 200, the caller's
 answer in its ACK), offerless re-INVITEs (§14.2) and a codec change mid-call, against the
-shared `hotline serve` (tests/support/sip_server.py) with the scripted caller's SIP and RTP
+shared `hotline serve` (tests/support/sip_server.py). The late-offer call comes from a real SIP
+stack, PJSIP (tests/support/pjsip_caller.py); the rest from the scripted caller's SIP and RTP
 (voice.devtools): real UDP both ways, the caller's RTP taking only the payload type it chose."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
+from tests.support.pjsip_caller import PjsipCaller, body, recorded
 from tests.support.poll import until
 from tests.support.rtp_inbox import Inbox
 from tests.support.server import logged
 from tests.support.sip_server import NUMBER, SipServer
 from tests.support.speech import concat, piper, silence
-from tests.test_sip_rtp_latch import first_turns, narrow, newest_sip_call, speak_paced
+from tests.test_sip_rtp_latch import first_turns
+from voice.audio import write_wav
 from voice.devtools.sip_caller import CallerRtp, open_caller_rtp
 from voice.devtools.sip_leg import SipLeg, offer_sdp
 from voice.transports.sip.message import SipMessage, parse_name_addr
@@ -75,30 +81,50 @@ async def heard_voice(inbox: Inbox, after: int = 0) -> None:
     )
 
 
-async def test_a_late_offer_call_has_audio_both_ways(sip_server: SipServer) -> None:
-    inbox = Inbox()
-    rtp = await open_caller_rtp(CALLER, inbox.on_audio, "PCMA")  # takes payload type 8 only
-    mic: asyncio.Task[None] | None = None
+async def sip_calls(server: SipServer) -> set[str]:
+    async with httpx.AsyncClient() as client:
+        listed = (await client.get(f"{server.server.url}/calls")).json()["calls"]
+    return {str(c["call_id"]) for c in listed if c["transport"] == "sip"}
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("pjsua2") is None,
+    reason="pjsua2-python missing (the dev extra installs it on x86-64 Linux)",
+)
+async def test_pjsip_calls_with_a_late_offer_and_has_audio_both_ways(
+    sip_server: SipServer, tmp_path: Path
+) -> None:
+    """PJSIP (pjsua2, its flag PJSUA_CALL_NO_SDP_OFFER) sends an INVITE without SDP: our offer
+    goes in the 200, its answer (PCMA only) in the ACK, and the call has audio both ways."""
+    play, record = tmp_path / "caller.wav", tmp_path / "heard.wav"
+    # silent while the greeting plays (a caller who waits for it), then the question
+    write_wav(play, concat(silence(4000), piper("Do you sell roses?"), silence(8000)), 16_000)
+    known = await sip_calls(sip_server)
+    caller = PjsipCaller(f"sip:{NUMBER}@{CALLER}:{sip_server.port}", play, record)
+    await caller.start()
     try:
-        async with leg_to(sip_server, "late-caller") as leg:
-            ok = await invite_without_offer(leg)
-            assert ok.header("Content-Type") == "application/sdp"
-            ours = parse_sdp(ok.body)
-            assert offered_names(ours) == ["PCMU", "PCMA", "telephone-event"]
-            rtp.remote = (ours.address, ours.port)
-            ack(leg, offer_sdp(CALLER, rtp.local_port, ["PCMA"]))  # the answer picks PCMA
-            await heard_voice(inbox)
-            speech = narrow(concat(piper("Do you sell roses?"), silence(2500)))
-            mic = asyncio.create_task(speak_paced(rtp, speech))
-            call_id = await newest_sip_call(sip_server.server)
-            turns = await first_turns(sip_server.server, call_id)
-            said = " ".join(turn["caller_text"].lower() for turn in turns)
-            assert "roses" in said, said  # the server decoded the caller's PCMA
-            assert await leg.bye() == 200
-    finally:
-        if mic is not None:
-            mic.cancel()
-        rtp.close()
+
+        async def new_call() -> str | None:
+            return next(iter((await sip_calls(sip_server)) - known), None)
+
+        call_id: str = await until(new_call, "the PJSIP call at the server", 20.0, 0.1)
+        turns = await first_turns(sip_server.server, call_id)
+    except BaseException:
+        caller.kill()
+        raise
+    call = await caller.hang_up()
+    assert call.confirmed and call.media, call
+    invite = call.message("TX", "INVITE")
+    assert body(invite) == "", invite  # a late offer
+    ours = parse_sdp(body(call.message("RX", "SIP/2.0 200")).encode())
+    assert offered_names(ours) == ["PCMU", "PCMA", "telephone-event"]
+    answer = parse_sdp(body(call.message("TX", "ACK")).encode())
+    assert offered_names(answer) == ["PCMA", "telephone-event"]
+    said = " ".join(turn["caller_text"].lower() for turn in turns)
+    assert "roses" in said, said  # the server heard PJSIP's PCMA
+    heard = recorded(record)
+    loud = np.abs(heard.astype(np.int32)) > 1000
+    assert loud[: 16_000 * 4].mean() > 0.05, "the greeting's audio at PJSIP"
 
 
 @pytest.mark.parametrize(

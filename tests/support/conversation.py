@@ -267,6 +267,7 @@ class PhoneLine:
             self._start_pos, self._start_time, self._chunks = self._queued, now, []
         self._queued += len(pcm)
         self._chunks.append((self._queued, now))
+        self._change()  # a caller waiting for the reply to get this far (`reached`) looks again
         return self._queued
 
     async def clear(self) -> None:
@@ -331,8 +332,12 @@ class PhoneLine:
         pass
 
     async def reached(self, position: int) -> None:
-        """Wait until the caller has heard `position` samples of reply."""
+        """Wait until the caller has heard `position` samples of reply (also when the reply is
+        not yet queued that far: a slow STT under load holds it back)."""
         while self.played_samples < position:
+            if position > self._queued:
+                await self._changed.wait()
+                continue
             await self.wait_played(position)
 
 
