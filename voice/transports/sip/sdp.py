@@ -257,24 +257,10 @@ def answer(
         direction = _ANSWER_DIRECTION.get(remote.direction, "sendrecv")
     if direction not in DIRECTIONS:
         raise ValueError(f"bad direction {direction!r}")
-    if not address or any(ch.isspace() or not ch.isprintable() for ch in address):
-        raise ValueError(f"bad address {address!r}")
     if not 0 <= port <= 65535 or session_id < 0 or version < 0 or ptime <= 0:
         raise ValueError("bad port, session id, version or ptime")
-    family = "IP6" if ":" in address else "IP4"
-    formats = [codec] if dtmf is None else [codec, dtmf]
-    audio = [f"m=audio {port} RTP/AVP {' '.join(str(c.payload_type) for c in formats)}"]
-    audio += [f"a=rtpmap:{c.payload_type} {c.name}/{c.rate}" for c in formats]
-    if dtmf is not None:
-        audio.append(f"a=fmtp:{dtmf.payload_type} 0-15")
-    audio += [f"a=ptime:{ptime}", f"a={direction}"]
-    lines = [
-        "v=0",
-        f"o=hotline {session_id} {version} IN {family} {address}",
-        "s=Hotline",
-        f"c=IN {family} {address}",
-        "t=0 0",
-    ]
+    lines = _session_lines(session_id, version, address)
+    audio = _audio_lines(port, [codec], dtmf, ptime, direction)
     if not remote.m_lines:
         lines += audio
     for index, line in enumerate(remote.m_lines):
@@ -313,23 +299,34 @@ def offer(
     audio, dtmf = our_codecs(codecs)
     if direction not in DIRECTIONS or not 0 <= port <= 65535 or min(session_id, version) < 0:
         raise ValueError("bad direction, port, session id or version")
+    lines = _session_lines(session_id, version, address)
+    return "\r\n".join([*lines, *_audio_lines(port, audio, dtmf, 20, direction)]) + "\r\n"
+
+
+def _session_lines(session_id: int, version: int, address: str) -> list[str]:
+    """v=, o=, s=, c= and t= of our SDP, at `address` (ValueError if it is not one token)."""
     if not address or any(ch.isspace() or not ch.isprintable() for ch in address):
         raise ValueError(f"bad address {address!r}")
     family = "IP6" if ":" in address else "IP4"
-    formats = [*audio, dtmf]
-    lines = [
+    return [
         "v=0",
         f"o=hotline {session_id} {version} IN {family} {address}",
         "s=Hotline",
         f"c=IN {family} {address}",
         "t=0 0",
-        f"m=audio {port} RTP/AVP {' '.join(str(c.payload_type) for c in formats)}",
-        *(f"a=rtpmap:{c.payload_type} {c.name}/{c.rate}" for c in formats),
-        f"a=fmtp:{dtmf.payload_type} 0-15",
-        "a=ptime:20",
-        f"a={direction}",
     ]
-    return "\r\n".join(lines) + "\r\n"
+
+
+def _audio_lines(
+    port: int, codecs: Sequence[Codec], dtmf: Codec | None, ptime: int, direction: str
+) -> list[str]:
+    """Our audio m= line and its attributes: `codecs` in order, then telephone-event."""
+    formats = [*codecs] if dtmf is None else [*codecs, dtmf]
+    lines = [f"m=audio {port} RTP/AVP {' '.join(str(c.payload_type) for c in formats)}"]
+    lines += [f"a=rtpmap:{c.payload_type} {c.name}/{c.rate}" for c in formats]
+    if dtmf is not None:
+        lines.append(f"a=fmtp:{dtmf.payload_type} 0-15")
+    return [*lines, f"a=ptime:{ptime}", f"a={direction}"]
 
 
 def answered(remote: RemoteMedia, codecs: Sequence[str]) -> tuple[Codec, Codec | None]:
