@@ -211,8 +211,9 @@ def _next(sock: socket.socket, start: bytes, within_s: float = 6.0) -> bytes:
 def test_with_refresher_uas_the_server_refreshes_and_a_481_ends_the_call(
     digest_sip_server: SipServer,
 ) -> None:
-    """RFC 4028 §9/§10: the 200 says refresher=uas; the server sends UPDATEs itself; a 200
-    keeps the call (another UPDATE follows), a 481 ends it with BYE."""
+    """RFC 4028 §9/§10: the 200 says refresher=uas; the server sends UPDATEs itself (saying
+    refresher=uac: it is their UAC); a 200 keeps the call (another UPDATE follows), a 481 ends
+    it with BYE."""
     port = digest_sip_server.port
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
@@ -230,7 +231,7 @@ def test_with_refresher_uas_the_server_refreshes_and_a_481_ends_the_call(
         )
         sock.sendto(ack.encode(), ("127.0.0.1", port))
         first = _next(sock, b"UPDATE ")
-        assert b"Session-Expires: 2;refresher=uas" in first
+        assert b"Session-Expires: 2;refresher=uac" in first  # its UAC refreshes (§7.4)
         sock.sendto(_reply(first, "200 OK"), ("127.0.0.1", port))
         second = _next(sock, b"UPDATE ")  # the call went on: the next refresh
         assert parse_message(second).cseq[0] > parse_message(first).cseq[0]
@@ -260,6 +261,9 @@ def test_who_refreshes_rfc_4028_section_9() -> None:
         timer = _asking(value, allow)
         assert timer is not None and not timer.ours  # the caller supports timers: it refreshes
         assert ("Session-Expires", "120;refresher=uac") in timer.headers()
-    # no UPDATE to refresh with (a re-INVITE refresh is not done yet): the caller refreshes
-    fallback = _asking("120;refresher=uas", "INVITE, ACK, BYE")
-    assert fallback is not None and not fallback.ours
+    # no UPDATE in Allow (or no Allow): we still refresh, by re-INVITE
+    for allow in ["INVITE, ACK, BYE", None]:
+        reinvite = _asking("120;refresher=uas", allow)
+        assert reinvite is not None and reinvite.ours and not reinvite.update
+        assert ("Session-Expires", "120;refresher=uas") in reinvite.headers()
+    assert uas.update and ("Session-Expires", "120;refresher=uac") in uas.refresh_headers()

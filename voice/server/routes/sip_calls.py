@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.tools import Transfer
 from voice.agents.transfer import CallControlError
-from voice.server.routes.sip_answer import apply_answer, preferring, reoffer, sdp_of
+from voice.server.routes.sip_answer import apply_answer, preferring, read_answer, reoffer, sdp_of
 from voice.server.settings import SipSettings
 from voice.throttle import LogThrottle
 from voice.transports.sip.body import BodyError
@@ -26,6 +26,7 @@ from voice.transports.sip.message import (
     response_to,
 )
 from voice.transports.sip.refer import Refer, ReferFailed, refer_target
+from voice.transports.sip.reinvite import Reinvite
 from voice.transports.sip.rtp import RtpSession
 from voice.transports.sip.sdp import SdpError, answer, choose, parse_sdp
 from voice.transports.sip.timers import SessionTimer
@@ -34,6 +35,7 @@ log = logging.getLogger("voice.server.routes.sip")
 
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, NOTIFY, REGISTER, UPDATE"
 WARN_EVERY_S = 10.0  # a refusal a flood could repeat is logged at most this often (per kind)
+GLARE_WAIT_S = (2.1, 4.0)  # a re-INVITE of ours answered 491 is tried again after (§14.1)
 
 
 @dataclass
@@ -49,6 +51,8 @@ class SipCall:
     version: int = 1
     refer: Refer | None = None  # a transfer we asked for
     timer: SessionTimer | None = None  # session timer, when the caller asked for one
+    local_sdp: bytes = b""  # the SDP of our last 2xx (what a refresh re-INVITE offers again)
+    reinviting: bool = False  # our re-INVITE awaits its answer: the caller's gets 491 (§14.2)
 
 
 class InCall:
@@ -94,6 +98,9 @@ class InCall:
             body=body,
             content_type="application/sdp" if body else None,
         )
+        call = self.calls.get(request.call_id)
+        if body and 200 <= status < 300 and call is not None:
+            call.local_sdp = body
         if status >= 200 and request.method == "INVITE":
             pending = self.invites.get(request.call_id)
             if pending is not None and pending.invite is request:
@@ -109,8 +116,8 @@ class InCall:
 
     async def _watch_session(self, call: SipCall, timer: SessionTimer) -> None:
         """The caller refreshes: end the call when the interval passes without. We refresh
-        (`refresher=uas`): an UPDATE every third of the interval; a 408 or 481 or no answer
-        ends the call with BYE (RFC 4028 §10)."""
+        (`refresher=uas`): an UPDATE or re-INVITE every third of the interval; a 408 or 481 or
+        no answer ends the call with BYE (RFC 4028 §10)."""
         if timer.ours:
             reason = await self._refresh_session(call, timer)
         else:
@@ -121,23 +128,56 @@ class InCall:
             call.media.hang_up("session expired")
 
     async def _refresh_session(self, call: SipCall, timer: SessionTimer) -> str:
-        """Refresh by UPDATE (RFC 4028 §7.4: no body) until a refresh fails; why it did."""
+        """Refresh by UPDATE without a body, or by re-INVITE when the caller does not allow
+        UPDATE (RFC 4028 §7.4), until a refresh fails; why it did. A 491 to our re-INVITE is
+        tried again once, after 2.1-4 s (RFC 3261 §14.1)."""
         while call.dialog.call_id in self.calls:
             await asyncio.sleep(timer.refresh_due())  # a schedule, not a synchronisation
             if call.dialog.call_id not in self.calls:
                 break
-            update = call.dialog.request("UPDATE", [*timer.headers()[:1], ("Supported", "timer")])
             try:
-                answer = await self.endpoint.request(update, call.dialog.peer)
+                status = await self._refresh_once(call, timer)
+                if status == 491 and call.dialog.call_id in self.calls:
+                    await asyncio.sleep(random.uniform(*GLARE_WAIT_S))  # a schedule too
+                    status = await self._refresh_once(call, timer)
             except SipError as exc:
                 return f"session refresh failed: {exc}"
-            if answer.status in (408, 481):
-                return f"session refresh answered {answer.status}"
-            if answer.status is None or not 200 <= answer.status < 300:
+            if status in (408, 481):
+                return f"session refresh answered {status}"
+            if not 200 <= status < 300:
                 await timer.expired()  # other refusals: the session lasts out its interval
-                return f"session expired (refresh answered {answer.status})"
+                return f"session expired (refresh answered {status})"
             timer.refresh()
         return "call over"
+
+    async def _refresh_once(self, call: SipCall, timer: SessionTimer) -> int:
+        """One refresh request and its final status; SipError if none comes."""
+        if timer.update:
+            update = call.dialog.request("UPDATE", timer.refresh_headers())
+            return (await self.endpoint.request(update, call.dialog.peer)).status or 0
+        invite = call.dialog.request("INVITE", timer.refresh_headers())
+        invite.add_header("Content-Type", "application/sdp")
+        invite.body = call.local_sdp
+        call.reinviting = True
+        try:
+            answer = await Reinvite(self.endpoint, call.dialog, invite).final()
+        finally:
+            call.reinviting = False
+        status = answer.status or 0
+        if 200 <= status < 300:
+            self._answered_refresh(call, answer)
+        return status
+
+    def _answered_refresh(self, call: SipCall, answer: SipMessage) -> None:
+        """The 2xx to our re-INVITE carries the caller's answer: the same media, or a move
+        (another address, port or codec), applied as a caller's re-INVITE is."""
+        try:
+            codecs = preferring(call.rtp.codec.name, self.settings.codecs)
+            remote, codec, dtmf = read_answer(answer, codecs)
+        except (SdpError, BodyError) as exc:
+            log.warning("sip: call %s: refresh answer not used: %s", call.call_id, exc)
+            return
+        apply_answer(call, remote, codec, dtmf)
 
     def _update(self, request: SipMessage, peer: Peer) -> None:
         """UPDATE: a session refresh (RFC 4028), or a new offer like a re-INVITE's."""
@@ -154,7 +194,11 @@ class InCall:
 
     def _reinvite(self, call: SipCall, request: SipMessage, peer: Peer) -> None:
         """Hold, unhold, a media move or a codec change (to any codec we have, RFC 3264 §8.3.2):
-        the new offer is answered and applied. Without an offer (RFC 3261 §14.2) we offer."""
+        the new offer is answered and applied. Without an offer (RFC 3261 §14.2) we offer.
+        While our own re-INVITE waits for its answer: 491 (§14.2)."""
+        if call.reinviting:
+            self._reply(request, peer, 491, "Request Pending")
+            return
         try:
             sdp = sdp_of(request)
         except BodyError as bad:

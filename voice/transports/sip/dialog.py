@@ -118,9 +118,13 @@ class SipDialog:
         """`request` is the dialog's INVITE again, from where it came from."""
         return peer.host == self.peer.host and same_transaction(self.invite, request)
 
-    def request(self, method: str, headers: list[tuple[str, str]] | None = None) -> SipMessage:
-        """A request inside the dialog: our To (with tag) as From, their From as To."""
-        self.local_cseq += 1
+    def request(
+        self, method: str, headers: list[tuple[str, str]] | None = None, *, cseq: int | None = None
+    ) -> SipMessage:
+        """A request inside the dialog: our To (with tag) as From, their From as To. The next
+        CSeq number, or `cseq` (the ACK of a 2xx takes its INVITE's, RFC 3261 §13.2.2.4)."""
+        if cseq is None:
+            self.local_cseq += 1
         local = self.invite.header("To") or ""
         if ";tag=" not in local:
             local = f"{local};tag={self.local_tag}"
@@ -132,7 +136,7 @@ class SipDialog:
         message.add_header("From", local)
         message.add_header("To", self.invite.header("From") or "")
         message.add_header("Call-ID", self.call_id)
-        message.add_header("CSeq", f"{self.local_cseq} {method}")
+        message.add_header("CSeq", f"{self.local_cseq if cseq is None else cseq} {method}")
         for route in self.invite.header_values("Record-Route"):
             message.add_header("Route", route)
         message.add_header("Contact", f"<{self.contact}>")

@@ -9,7 +9,8 @@ Input is hostile (`SipLimits`): a source off the allow-list has a message budget
 its message is parsed (over it: dropped silently, a log line now and then); TCP and TLS
 connections are capped per source, the allow-list keeping its share, and closed on a slow
 message (the TLS handshake included) or when idle (`streams`). Malformed messages are logged (a
-few); a datagram with a readable Via gets 400 (`checks`); a TCP connection that sends one closes."""
+few); one with a readable Via gets 400 (`checks`), and a TCP or TLS connection that sends one
+is closed after it (its framing is lost)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -27,45 +28,21 @@ from voice.throttle import LogThrottle
 from voice.transports.sip.checks import malformed_answer
 from voice.transports.sip.limits import Connections, Kind, SipLimits, Sources, group
 from voice.transports.sip.message import SipMessage, SipParseError, parse_message
+from voice.transports.sip.peer import T1, T2, TRANSACTION_S, Handler, Peer, SipError
 from voice.transports.sip.streams import (
+    MalformedStream,
     StreamTimeout,
     accept_forever,
     listening_socket,
     stream_messages,
     tls_streams,
 )
-from voice.transports.sip.transactions import ServerTransactions, Source
+from voice.transports.sip.transactions import ServerTransactions
+
+# What the rest of the package has always imported from here (peer.py holds them now).
+__all__ = ["T1", "T2", "TRANSACTION_S", "Handler", "Peer", "SipEndpoint", "SipError"]
 
 log = logging.getLogger(__name__)
-
-T1 = 0.5
-T2 = 4.0
-TRANSACTION_S = 64 * T1  # how long a transaction (and its cached response) lives
-
-
-@dataclass(eq=False)
-class Peer:
-    """Where a message came from and where its answers go: a UDP address, or a TCP connection."""
-
-    transport: str  # "UDP" | "TCP" | "TLS"
-    address: tuple[str, int]
-    writer: asyncio.StreamWriter | None = field(default=None, repr=False)
-
-    @property
-    def host(self) -> str:
-        return self.address[0]
-
-    @property
-    def source(self) -> Source:
-        """Who asked, as transactions match it: the address for UDP, the host on a stream."""
-        return (self.transport, self.host, self.address[1] if self.transport == "UDP" else 0)
-
-
-Handler = Callable[[SipMessage, Peer], Awaitable[None]]
-
-
-class SipError(Exception):
-    """A request we sent got no final answer, or the answer could not be sent."""
 
 
 @dataclass(eq=False)
@@ -123,6 +100,7 @@ class SipEndpoint:
         self._tls: socket.socket | None = None  # our own accept loop: caps before the handshake
         self._connections: dict[asyncio.StreamWriter, _Connection] = {}
         self._pending: dict[str, asyncio.Future[SipMessage]] = {}  # our requests, by branch
+        self._listeners: dict[str, tuple[Callable[[SipMessage], None], Callable[[], None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.bad_messages = 0
         self.refused_connections = 0  # TCP/TLS connections closed at once: over a cap
@@ -174,6 +152,9 @@ class SipEndpoint:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(SipError("endpoint closed"))
+        for _, closed in list(self._listeners.values()):
+            closed()
+        self._listeners.clear()
         if self._tls is not None:
             self._tls.close()
 
@@ -221,6 +202,17 @@ class SipEndpoint:
         finally:
             self._pending.pop(branch, None)
 
+    def listen(
+        self, branch: str, answered: Callable[[SipMessage], None], closed: Callable[[], None]
+    ) -> None:
+        """Hand every response to our request of Via `branch` to `answered` (provisional ones
+        and retransmissions too: an INVITE client transaction, `reinvite`) until `forget`;
+        `closed()` if the endpoint closes first."""
+        self._listeners[branch] = (answered, closed)
+
+    def forget(self, branch: str) -> None:
+        self._listeners.pop(branch, None)
+
     def _note_call(self, message: SipMessage, peer: Peer) -> None:
         """A call answered on a connection keeps it from the idle timeout until its BYE is
         answered (our BYE's answer, or ours to the caller's)."""
@@ -263,6 +255,9 @@ class SipEndpoint:
 
     def _dispatch(self, message: SipMessage, peer: Peer) -> None:
         if not message.is_request:
+            listener = self._listeners.get(message.branch or "")
+            if listener is not None:
+                return listener[0](message)
             future = self._pending.get(message.branch or "")
             if future is not None and not future.done() and (message.status or 0) >= 200:
                 self._note_call(message, peer)
@@ -290,8 +285,8 @@ class SipEndpoint:
             log.exception("sip: handling %s from %s failed", message.method, peer.address)
 
     def _bad(self, peer: Peer, error: Exception, data: bytes = b"") -> None:
-        """Malformed: a datagram with a readable Via answered once (§8.2.6), the rest dropped."""
-        answer = malformed_answer(data, error) if peer.transport == "UDP" else None
+        """Malformed: a message with a readable Via answered once (§8.2.6), the rest dropped."""
+        answer = malformed_answer(data, error) if data else None
         if answer is not None:
             self._send_bytes(answer, peer)
             line, code = "sip: malformed request from %s answered %s: %s", answer[8:11].decode()
@@ -386,8 +381,8 @@ class SipEndpoint:
                     if not self._admit(peer):
                         return
                     self._dispatch(message, peer)
-        except SipParseError as exc:
-            self._bad(peer, exc)
+        except SipParseError as exc:  # the framer's (MalformedStream, with the bytes) or not
+            self._bad(peer, exc, exc.data if isinstance(exc, MalformedStream) else b"")
         except StreamTimeout as exc:
             self.timed_out += 1
             self._warn(

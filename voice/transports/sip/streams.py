@@ -3,7 +3,9 @@
 `stream_messages`: a message must arrive whole within `header_timeout_s` of its first byte (a
 sender of a byte now and then, or a header that never ends, is cut off), and a connection that
 carries no message for `idle_timeout_s` is given up, unless `busy()` says it still carries a
-call (our in-dialog requests and the caller's BYE go over it).
+call (our in-dialog requests and the caller's BYE go over it). A malformed message raises
+`MalformedStream` with its bytes, so that its Via can still be answered 400 before the
+connection closes (the framing is lost: nothing after it can be trusted).
 
 TLS has its own accept loop (`accept_forever`, `tls_streams`), so that the endpoint counts a
 connection against its caps before the handshake, and the handshake has a deadline."""
@@ -15,7 +17,35 @@ import socket
 import ssl
 from collections.abc import AsyncGenerator, Callable
 
-from voice.transports.sip.message import MAX_MESSAGE_BYTES, SipMessage, StreamFramer
+from voice.transports.sip.message import (
+    MAX_MESSAGE_BYTES,
+    SipMessage,
+    SipParseError,
+    StreamFramer,
+)
+
+
+class MalformedStream(SipParseError):
+    """A message on a stream did not parse; `data`: its bytes, from its first (at most
+    MAX_MESSAGE_BYTES)."""
+
+    def __init__(self, error: SipParseError, data: bytes) -> None:
+        super().__init__(str(error))
+        self.data = data
+
+
+class _KeepingFramer(StreamFramer):
+    """A `StreamFramer` that keeps the bytes of the message it failed on."""
+
+    rejected = b""
+
+    def _next(self) -> SipMessage | None:
+        try:
+            return super()._next()
+        except SipParseError:
+            # The buffer starts at the bad message here: what came before was framed and cut.
+            self.rejected = bytes(self._buffer[:MAX_MESSAGE_BYTES])
+            raise
 
 
 class StreamTimeout(Exception):
@@ -35,10 +65,10 @@ async def stream_messages(
     may_parse: Callable[[], bool],
 ) -> AsyncGenerator[SipMessage, None]:
     """Each message in turn until the stream ends (or `may_parse()`, asked before each piece is
-    parsed, says no). StreamTimeout on a timeout; SipParseError on a malformed stream (which
-    cannot be trusted after it: close the connection)."""
+    parsed, says no). StreamTimeout on a timeout; MalformedStream on a malformed message (the
+    stream cannot be trusted after it: close the connection)."""
     loop = asyncio.get_running_loop()
-    framer = StreamFramer()
+    framer = _KeepingFramer()
     started: float | None = None  # when the first byte of the message not complete came
     last = loop.time()  # the last complete message (or the stream's start)
     while True:
@@ -55,7 +85,10 @@ async def stream_messages(
             continue
         if not data or not may_parse():
             return
-        messages = framer.feed(data)
+        try:
+            messages = framer.feed(data)
+        except SipParseError as exc:
+            raise MalformedStream(exc, framer.rejected) from exc
         now = loop.time()
         if messages:
             last = now

@@ -2,8 +2,9 @@
 `Session-Expires`), the call must be refreshed (a re-INVITE or an UPDATE) within the interval,
 or it is over: a caller's side that died without a BYE does not hold a line. Who refreshes
 (RFC 4028 §9): the caller's choice when it names one; when it names none, the caller
-(`refresher=uac`: it supports timers). With `refresher=uas` we refresh, by UPDATE without a
-body (§7.4, §10) when the caller's Allow lists UPDATE, before half the interval passes."""
+(`refresher=uac`: it supports timers). With `refresher=uas` we refresh before half the interval
+passes (§10): by UPDATE without a body when the caller's Allow lists UPDATE, else by re-INVITE
+with our session description unchanged (§7.4; no Allow: RFC 3261 §20.5 says assume no UPDATE)."""
 
 from __future__ import annotations
 
@@ -69,9 +70,8 @@ class SessionTimer:
             raise IntervalTooSmall(minimum_s)
         asked = (params.get("refresher") or "").strip().lower()
         allow = {m.strip().upper() for v in request.header_values("Allow") for m in v.split(",")}
-        update = "UPDATE" in allow  # we refresh only by UPDATE (re-INVITE: not yet)
-        ours = asked == "uas" and update
-        return cls(interval, refresher="uas" if ours else "uac", update=update)
+        update = "UPDATE" in allow  # how we refresh, if we do: UPDATE, else re-INVITE
+        return cls(interval, refresher="uas" if asked == "uas" else "uac", update=update)
 
     def headers(self) -> list[tuple[str, str]]:
         """What our 2xx says: the interval, who refreshes, and that timers are on."""
@@ -80,9 +80,14 @@ class SessionTimer:
             ("Require", "timer"),
         ]
 
+    def refresh_headers(self) -> list[tuple[str, str]]:
+        """What our refresh request says: we send it and go on refreshing, so the refresher is
+        its UAC (RFC 4028 §7.4: `uas` would hand the refreshes to the caller)."""
+        return [("Session-Expires", f"{self.interval_s};refresher=uac"), ("Supported", "timer")]
+
     @property
     def ours(self) -> bool:
-        """We refresh (RFC 4028 §10): the caller asked `refresher=uas` and allows UPDATE."""
+        """We refresh (RFC 4028 §10): the caller asked `refresher=uas`."""
         return self.refresher == "uas"
 
     def refresh_due(self) -> float:
