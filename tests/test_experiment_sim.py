@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from pipeline.llm.settings import ControllerSettings
 from voice.cli.main import app
 from voice.experiments.arms import Arm, Experiment
 from voice.experiments.report import build_report, render_report
@@ -103,6 +104,9 @@ async def test_a_scripted_429_burst_falls_back_within_the_turn_and_rests_the_tie
         calls=1,
         turns_per_call=3,
         changes=[TierChange(at_turn=2, tier="fast", set={"fail_status": 429, "fail_times": 1})],
+        # The rest outlasts the call, however slowly a loaded machine gets to turn 3 (5 s did not
+        # on a CI run: turn 3 came 5.4 s after the 429 and was planned on fast again).
+        controller=ControllerSettings(cooldown_s=600, cooldown_max_s=600),
     )
     records = await simulate(sim)
 

@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from voice.audio import PCM, espeak, read_wav
+from voice.cli.client import DEFAULT_URL, TokenOption, UrlOption, auth_headers, explain
 from voice.cli.logs import setup_logging
 from voice.devtools.bench_report import (
     BenchReport,
@@ -109,8 +110,10 @@ class _Bench:
         sip_port: int = SIP_PORT,
         barge_in_after_ms: float | None = None,
         backchannel: bool = False,
+        token: str | None = None,
     ) -> None:
         self.http, self.url, self.transport, self.sip_port = http, url, transport, sip_port
+        self.token = token  # the API token: `http` sends it too
         self.barge_in_after_ms = barge_in_after_ms  # the last turn cuts in this long into a reply
         self.backchannel = backchannel  # that last "turn" is an "okay", not a turn
         self.done: list[int] = []  # turns of each finished call
@@ -147,7 +150,9 @@ class _Bench:
             return result
         from voice.devtools.webrtc_caller import place_call
 
-        return await place_call(self.url, utterances, barge_in_after_ms=self.barge_in_after_ms)
+        return await place_call(
+            self.url, utterances, barge_in_after_ms=self.barge_in_after_ms, token=self.token
+        )
 
     async def call(self, utterances: list[PCM], delay_s: float) -> CallSample:
         await asyncio.sleep(delay_s)  # staggered start: part of the script, not a synchronisation
@@ -166,18 +171,30 @@ class _Bench:
         sample.barge_in_stop_ms = result.barge_in_stop_ms
         self.known.add(result.call_id)  # from now on counted by the caller, not the server
         self.done.append(len(result.turns))
-        records: list[dict[str, Any]] = []
-        try:
-            response = await self.http.get(f"/calls/{result.call_id}")
-            response.raise_for_status()
-            records = response.json().get("records", [])
-        except httpx.HTTPError as exc:
-            log.warning("call %s: no server records: %r", result.call_id, exc)
+        records = await self._records(result.call_id, len(result.turns))
         sample.turns = match_records(result, records, time.time() - time.monotonic())
         if self.backchannel and records:  # cut by it, or answered as a turn of its own
             cut = any(record.get("interrupted") for record in records[:expected])
             sample.backchannel_stopped = cut or len(records) > expected
         return sample
+
+    async def _records(self, call_id: str, heard: int, within_s: float = 10.0) -> list[Any]:
+        """The server's turn records of the call, once it holds one per turn the caller heard
+        (a turn's record is written when its reply ends, which may be just after the caller
+        hung up), or what it holds after `within_s`."""
+        records: list[Any] = []
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                response = await self.http.get(f"/calls/{call_id}")
+                response.raise_for_status()
+                records = response.json().get("records", [])
+            except httpx.HTTPError as exc:
+                log.warning("call %s: no server records: %r", call_id, exc)
+                return records
+            if len(records) >= heard or time.monotonic() >= deadline:
+                return records
+            await asyncio.sleep(0.2)  # a poll interval, not a synchronisation
 
     async def watch(self, total: int, report: Callable[[int], None]) -> None:
         """Report turns done: finished calls' turns plus the server's count for calls going on."""
@@ -206,8 +223,10 @@ async def run_bench(
     sip_port: int = SIP_PORT,
     barge_in_after_ms: float | None = None,
     backchannel_after_ms: float | None = None,
+    token: str | None = None,
 ) -> BenchReport:
-    """Place `calls` concurrent calls of `turns` turns each and report latency and cost.
+    """Place `calls` concurrent calls of `turns` turns each and report latency and cost (with
+    the server's API token, if it has one).
 
     `progress` is called with the number of turns completed so far (of `calls * turns`).
     SIP calls go to `sip_port` on the URL's host. With `barge_in_after_ms`, each call's last
@@ -225,9 +244,10 @@ async def run_bench(
     if backchannel_after_ms is not None:
         script.append(_spoken(BACKCHANNEL))
         barge_in_after_ms = backchannel_after_ms  # said into the reply as a barge-in would be
-    async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=30) as http:
+    headers = auth_headers(token)
+    async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=30, headers=headers) as http:
         backchannel = backchannel_after_ms is not None
-        bench = _Bench(http, url, transport, sip_port, barge_in_after_ms, backchannel)
+        bench = _Bench(http, url, transport, sip_port, barge_in_after_ms, backchannel, token)
         before = await bench.health()
         bench.known = {c["call_id"] for c in await bench.active_calls()}
         watcher = None
@@ -268,7 +288,8 @@ _KINDS: dict[BenchTransport, Transport] = {
 
 
 def bench_command(
-    url: Annotated[str, typer.Option(help="Server URL")] = "http://127.0.0.1:8080",
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
     transport: Annotated[
         BenchTransport,
         typer.Option(help="webrtc (/offer), twilio (/twilio/stream) or sip (UDP, --sip-port)"),
@@ -316,6 +337,7 @@ def bench_command(
         sip_port=sip_port,
         barge_in_after_ms=barge_in,
         backchannel_after_ms=backchannel,
+        token=token,
     )
     report = _with_progress(console, run, url, kind, calls, turns)
     console.print(report)
@@ -347,5 +369,5 @@ def _with_progress(
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(2) from exc
         except httpx.HTTPError as exc:
-            console.print(f"[red]cannot reach the server at {url}: {exc!r}[/]")
+            console.print(f"[red]{explain(exc, url)}[/]", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from exc
