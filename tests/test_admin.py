@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import subprocess
 import time
@@ -10,16 +11,22 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from tempfile import TemporaryDirectory
 
 import httpx
 import pytest
+from click.testing import Result
 from fastapi.routing import APIRoute
 from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
 
 from tests.support.poll import until
 from tests.support.redis_server import RedisServer
 from tests.support.server import Server, start_server, stop_server
 from tests.support.speech import utterance, words
+from voice.audio import write_wav
+from voice.cli.main import app as cli
 from voice.cluster.records import RegistrySettings, WorkerInfo
 from voice.cluster.registry import CallRegistry
 from voice.devtools.phone_caller import twilio_sid
@@ -136,6 +143,49 @@ def test_metrics_and_readiness(guarded: Server) -> None:
         text = http.get("/metrics").text
     assert "hotline_active_calls 0.0" in text
     assert "hotline_turn_latency_seconds" in text
+
+
+def hotline_cli(*args: str, token: str | None = None) -> Result:
+    """A client command of the real CLI, in this process (HOTLINE_API_TOKEN as given)."""
+    env = {"HOTLINE_API_TOKEN": token}  # None: not set for the command
+    return CliRunner().invoke(cli, list(args), env=env)
+
+
+def test_client_commands_without_the_token_say_so_in_one_line(
+    guarded: Server, tmp_path: Path
+) -> None:
+    """`call`, `bench` and `experiments` on a secured server, without the token: a
+    line naming the refusal and the way out, never a traceback (issue 27, item 1)."""
+    wav = tmp_path / "hello.wav"
+    write_wav(wav, utterance("Hello there."))
+    commands = [
+        ("call", "--wav", str(wav), "--url", guarded.url),
+        ("bench", "--url", guarded.url, "--calls", "1", "--turns", "1", "--out", str(wav)),
+        ("experiments", "stop", "--url", guarded.url),
+    ]
+    for command in commands:
+        result = hotline_cli(*command, token="wrong-token")
+        assert result.exit_code in (1, 2) and isinstance(result.exception, SystemExit), (
+            command,
+            result.output,
+        )
+        refused = [line for line in result.output.splitlines() if "HTTP 401" in line]
+        assert len(refused) == 1, (command, result.output)
+        assert "missing or wrong bearer token" in refused[0] and "--token" in refused[0]
+        assert "Traceback" not in result.output and "wrong-token" not in result.output
+
+
+def test_hotline_call_with_the_token_prints_the_servers_turn_record(guarded: Server) -> None:
+    """With HOTLINE_API_TOKEN, `hotline call` gets through /offer and `GET /calls/{id}`: the
+    turn table shows what the server heard and its timings (it printed them empty when that
+    401 was swallowed)."""
+    with TemporaryDirectory() as scratch:
+        wav = Path(scratch) / "question.wav"
+        write_wav(wav, utterance("Do you open on Sundays?"))
+        result = hotline_cli("call", "--wav", str(wav), "--url", guarded.url, token=TOKEN)
+        assert result.exit_code == 0, result.output
+    assert "sundays" in result.output.lower(), result.output  # the server's record of the turn
+    assert re.search(r"stt=\d+", result.output), result.output
 
 
 async def test_say_speaks_into_a_call_and_turn_metrics_count(server: Server) -> None:

@@ -12,21 +12,15 @@ import httpx
 import typer
 from rich.console import Console
 
+from voice.cli.client import TokenOption, UrlOption, auth_headers, explain
+
 experiments_app = typer.Typer(
     help="Latency experiments: simulate arms offline, run them on live calls, report.",
     no_args_is_help=True,
 )
 console = Console(stderr=True)
 
-ServerOption = Annotated[str, typer.Option(help="The server's base URL")]
-TokenOption = Annotated[
-    str | None, typer.Option(help="API token (default: $HOTLINE_API_TOKEN)", show_default=False)
-]
-
-
-def _headers(token: str | None) -> dict[str, str]:
-    token = token or os.environ.get("HOTLINE_API_TOKEN")
-    return {"authorization": f"Bearer {token}"} if token else {}
+ServerOption = UrlOption  # --url (or --server, its older name)
 
 
 def _api(
@@ -35,16 +29,14 @@ def _api(
     """One call to the experiments API; exits with the server's reason if it fails."""
     url = f"{server.rstrip('/')}{path}"
     try:
-        response = httpx.request(method, url, json=body, headers=_headers(token), timeout=60)
+        response = httpx.request(method, url, json=body, headers=auth_headers(token), timeout=60)
+        return response.raise_for_status()
     except httpx.HTTPError as exc:
-        raise _fail(f"cannot reach {server}: {exc}") from exc
-    if response.status_code != 200:
-        raise _fail(f"{method} {url}: HTTP {response.status_code}: {response.text.strip()}")
-    return response
+        raise _fail(explain(exc, server)) from exc
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/] {message}", markup=True, highlight=False)
+    console.print(f"[red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from rich.console import Console
 from rich.table import Table
 
+from voice.cli.client import DEFAULT_URL, TokenOption, UrlOption, auth_headers, one_line_errors
 from voice.cli.experiments import experiments_app
 from voice.cli.logs import setup_logging
 from voice.cli.models import fetch_models_command
@@ -25,6 +26,7 @@ from voice.devtools.bench import bench_command
 from voice.devtools.soak import soak_command
 
 if TYPE_CHECKING:
+    from pipeline.transport import PCM
     from voice.devtools.turns import CallResult
     from voice.server.settings import Settings
 
@@ -125,7 +127,8 @@ def call(
     wav: Annotated[
         list[Path], typer.Option(help="WAV file the caller speaks; repeat for several turns")
     ],
-    url: Annotated[str, typer.Option(help="Server URL")] = "http://127.0.0.1:8080",
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
     twilio: Annotated[
         str | None,
         typer.Option(
@@ -147,11 +150,7 @@ def call(
     utterance sent to the first audible reply frame received. The server's parts of it come
     from its turn records (milliseconds since the end of speech, as the server detected it).
     """
-    import httpx
-
     from voice.audio import read_wav, write_wav
-    from voice.devtools.twilio_call import place_twilio_call
-    from voice.devtools.webrtc_caller import place_call
     from voice.server.urls import http_url
 
     setup_logging(log_level)
@@ -160,19 +159,9 @@ def call(
         url = http_url(twilio).split("/twilio/")[0]
     measured: dict[int, dict[str, list[float]]] = {}
     for attempt in range(repeat):
-        result: CallResult
-        if twilio is None:
-            result = asyncio.run(place_call(url, utterances))
-        else:
-            phone = asyncio.run(
-                place_twilio_call(twilio, utterances, dtmf=dtmf, auth_token=auth_token)
-            )
-            if phone.rejected is not None:
-                console.print(f"[red]call rejected:[/] {phone.rejected}")
-                raise typer.Exit(1)
-            result = phone
+        with one_line_errors(url):
+            result, detail = _call_once(url, token, utterances, twilio, dtmf, auth_token)
         write_wav(out, result.reply_audio)
-        detail = httpx.get(f"{url.rstrip('/')}/calls/{result.call_id}", timeout=10).json()
         console.print(f"[bold]call {result.call_id}[/] ({attempt + 1}/{repeat}), reply: {out}")
         _print_ending(result, detail)
         console.print(_turn_table(result, detail.get("records", []), measured))
@@ -185,6 +174,36 @@ def call(
                 *(f"{statistics.median(samples.get(stage, [0.0])):.0f}" for stage in stages),
             )
         console.print(table)
+
+
+def _call_once(
+    url: str,
+    token: str | None,
+    utterances: list[PCM],
+    twilio: str | None,
+    dtmf: str,
+    auth_token: str | None,
+) -> tuple[CallResult, dict[str, Any]]:
+    """One call (WebRTC, or as Twilio), then its record from the calls API (both with the API
+    token). httpx.HTTPError when the server refuses either."""
+    import httpx
+
+    from voice.devtools.twilio_call import place_twilio_call
+    from voice.devtools.webrtc_caller import place_call
+
+    result: CallResult
+    if twilio is None:
+        result = asyncio.run(place_call(url, utterances, token=token))
+    else:
+        phone = asyncio.run(place_twilio_call(twilio, utterances, dtmf=dtmf, auth_token=auth_token))
+        if phone.rejected is not None:
+            typer.echo(f"hotline: call rejected: {phone.rejected}", err=True)
+            raise typer.Exit(1)
+        result = phone
+    response = httpx.get(
+        f"{url.rstrip('/')}/calls/{result.call_id}", headers=auth_headers(token), timeout=10
+    )
+    return result, response.raise_for_status().json()
 
 
 def _print_ending(result: CallResult, detail: dict[str, Any]) -> None:

@@ -27,6 +27,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import WebSocketException
 
 from pipeline.transport import SAMPLE_RATE
+from voice.cli.client import DEFAULT_URL, TokenOption, UrlOption, auth_headers, explain
 from voice.devtools.phone_caller import DEFAULT_CALLEE, DEFAULT_CALLER, TwilioPhone, twilio_sid
 from voice.transports.phone.twilio import CALLEE_PARAMETER, CALLER_PARAMETER
 
@@ -130,11 +131,12 @@ async def run_soak(
     seconds: float = 1.0,
     warmup: int = 20,
     progress: Callable[[int, float], None] | None = None,
+    token: str | None = None,
 ) -> SoakReport:
     """Place `calls` short calls one after another on the server at `url` (http base URL),
     reading its RSS after each; `progress(calls done, RSS MB)` after each."""
     base = url.rstrip("/")
-    async with httpx.AsyncClient(timeout=10) as http:
+    async with httpx.AsyncClient(timeout=10, headers=auth_headers(token)) as http:
         report = SoakReport(base, seconds, warmup, await settled_rss(http, base))
         for done in range(1, calls + 1):
             report.call_ids.append(await soak_call(stream_url(base), seconds))
@@ -145,7 +147,8 @@ async def run_soak(
 
 
 def soak_command(
-    url: Annotated[str, typer.Option(help="Server URL")] = "http://127.0.0.1:8080",
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
     calls: Annotated[int, typer.Option(min=2, help="Calls to place, one after another")] = 200,
     warmup: Annotated[int, typer.Option(min=0, help="First calls left out of the slope")] = 20,
     seconds: Annotated[float, typer.Option(min=0.02, help="Silence each call sends")] = 1.0,
@@ -168,9 +171,14 @@ def soak_command(
 
         try:
             report = asyncio.run(
-                run_soak(url, calls, seconds=seconds, warmup=warmup, progress=advance)
+                run_soak(url, calls, seconds=seconds, warmup=warmup, progress=advance, token=token)
             )
-        except (SoakError, WebSocketException, httpx.HTTPError, OSError) as exc:
+        except httpx.HTTPError as exc:
+            console.print(
+                f"[red]soak failed:[/] {explain(exc, url)}", highlight=False, soft_wrap=True
+            )
+            raise typer.Exit(1) from exc
+        except (SoakError, WebSocketException, OSError) as exc:
             console.print(f"[red]soak failed:[/] {exc}")
             raise typer.Exit(1) from exc
     for line in report.lines():

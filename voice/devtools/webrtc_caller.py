@@ -104,10 +104,12 @@ class _WebRTCLine:
         raise NotImplementedError("the WebRTC caller has no keypad")
 
 
-async def _offer(pc: RTCPeerConnection, url: str) -> str:
-    """Send the offer to the server's `/offer`, apply its answer; gives the call's id."""
+async def _offer(pc: RTCPeerConnection, url: str, token: str | None) -> str:
+    """Send the offer to the server's `/offer` (with the API token, if given), apply its
+    answer; gives the call's id. httpx.HTTPStatusError if the server refuses it."""
     await pc.setLocalDescription(await pc.createOffer())
-    async with httpx.AsyncClient(timeout=30) as http:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx.AsyncClient(timeout=30, headers=headers) as http:
         response = await http.post(
             f"{url.rstrip('/')}/offer",
             json={"sdp": pc.localDescription.sdp, "type": pc.localDescription.type},
@@ -140,8 +142,10 @@ async def place_call(
     barge_in_after_ms: float | None = None,
     reply_timeout_s: float = 30.0,
     quiet_s: float = 0.8,
+    token: str | None = None,
 ) -> CallResult:
-    """Call the Hotline server at `url` and speak `utterances`, one turn each.
+    """Call the Hotline server at `url` (with its API token, if it has one) and speak
+    `utterances`, one turn each.
 
     Each utterance is spoken after the previous reply has finished (`quiet_s` of silence).
     With `barge_in_after_ms`, the last utterance is spoken that long after the previous reply
@@ -174,7 +178,7 @@ async def place_call(
     turns: list[CallerTurn] = []
     call_id = ""
     try:
-        call_id = await _offer(pc, url)
+        call_id = await _offer(pc, url, token)
         script = converse(
             _WebRTCLine(mic, ear),
             utterances,

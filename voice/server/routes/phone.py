@@ -102,7 +102,10 @@ async def twilio_voice(request: Request) -> Response:
     tokens: StreamTokens | None = request.app.state.stream_tokens
     if tokens is not None:
         if token is None:  # an unsigned webhook must not hand out tokens to anyone
-            log.warning("twilio webhook: refused, HOTLINE_TELEPHONY__TWILIO_AUTH_TOKEN unset")
+            log.warning(
+                "twilio webhook: refused (403): HOTLINE_API_TOKEN is set, so webhooks must be "
+                "signed, and HOTLINE_TELEPHONY__TWILIO_AUTH_TOKEN is unset"
+            )
             return xml("<Response/>", 403)
         call_sid = params.get("CallSid", "")
         if not valid_call_id(call_sid):
