@@ -207,6 +207,8 @@ async def test_a_real_run_with_a_backchannel(server: Server) -> None:
     report = await run_bench(server.url, "twilio", calls=1, turns=1, backchannel_after_ms=1500)
     print(f"\n{report.to_json()}")
     assert report.failures == 0, server.log[-40:]
-    assert (report.backchannel_stops, report.backchannels) == (0, 1), report.samples
+    call = report.samples[0].call_id
+    said = [line for line in server.log if call and call in line]
+    assert (report.backchannel_stops, report.backchannels) == (0, 1), (report.samples, said)
     assert report.voice_to_voice_ms.count == 1  # the "okay" is no turn of the call
     assert report.barge_in_stop_ms is None

@@ -89,9 +89,6 @@ def start_worker(redis: RedisServer, sip: bool = False) -> Worker:
         "HOTLINE_SESSIONS__HEARTBEAT_S": str(HEARTBEAT_S),
         "HOTLINE_SESSIONS__WORKER_TTL_S": str(TTL_S),
         "HOTLINE_SESSIONS__CLUSTER_LIMIT": str(CLUSTER_LIMIT),
-        # No warm-up inference at start (most of a start on a busy runner): nothing here
-        # measures a first call's latency, and the first turn on a worker pays it instead.
-        "HOTLINE_WARM_UP": "false",
     }
     if sip_port is not None:
         env |= {"HOTLINE_SIP__ENABLED": "true", "HOTLINE_SIP__PORT": str(sip_port)}

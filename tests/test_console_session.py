@@ -153,7 +153,6 @@ def workers(redis_server: RedisServer) -> Iterator[tuple[Server, Server]]:
     env = {
         "HOTLINE_API_TOKEN": TOKEN,
         "HOTLINE_REDIS_URL": redis_server.url,
-        "HOTLINE_WARM_UP": "false",
     }
     with ThreadPoolExecutor(2) as pool:  # both start at once
         starting = [pool.submit(start_server, env) for _ in range(2)]

@@ -91,12 +91,14 @@ async def test_fast_tier_failing_mid_call_still_answers_that_turn(
         finally:
             assert (await http.delete("/experiments/active")).json() == {"stopped": "on-fast"}
 
-    assert [turn.reply_start is not None for turn in result.turns] == [True, True]
+    said = [line for line in server.log if result.call_id in line]
+    assert [turn.reply_start is not None for turn in result.turns] == [True, True], said
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
         detail = (await http.get(f"/calls/{result.call_id}")).json()
         metrics = (await http.get("/metrics")).text
     first, second = (record["decision"] for record in detail["records"][:2])
-    assert (first["taken"], first["tier"]) == ("planned", "fast")
+    said = [line for line in server.log if result.call_id in line]
+    assert (first["taken"], first["tier"]) == ("planned", "fast"), (detail["records"], said)
     assert (second["taken"], second["planned_tier"], second["tier"]) == (
         "fallback",
         "fast",

@@ -204,7 +204,6 @@ async def test_no_token_reaches_the_servers_log_on_any_path() -> None:
             "HOTLINE_API_TOKEN": API_TOKEN,
             "HOTLINE_TELEPHONY__STREAM_SECRET": STREAM_SECRET,
             "HOTLINE_TELEPHONY__TWILIO_AUTH_TOKEN": TWILIO_TOKEN,
-            "HOTLINE_WARM_UP": "false",
             "HOTLINE_DRAIN_TIMEOUT_S": "5",
         }
     )

@@ -226,11 +226,17 @@ async def test_announce_says_the_notice_then_records(
     workers: tuple[Server, Server, Path], tmp_path: Path
 ) -> None:
     a, _, _ = workers
-    speech = concat(silence(6000), piper("Do you sell roses?"), silence(200))
-    # the caller waits out the notice and the greeting, speaks, and hangs up without waiting
-    # for the reply (nothing here is about it)
+    speech = concat(silence(300), piper("Do you sell roses?"), silence(200))
+    # the caller hears out the notice and the greeting (a loaded runner is slow to say them: 2 s
+    # of quiet ends them), speaks, and hangs up without waiting for the reply (nothing here is
+    # about it)
     result = await place_twilio_call(
-        a.url, [speech], parameters={"to": ANNOUNCED}, auth_token=TWILIO_TOKEN, **NO_REPLY
+        a.url,
+        [speech],
+        parameters={"to": ANNOUNCED},
+        auth_token=TWILIO_TOKEN,
+        hear_opening=True,
+        **{**NO_REPLY, "quiet_s": 2.0},
     )
     assert result.rejected is None
     detail = await until(lambda: recorded(a, result.call_id), "the call's recording listed", 20)

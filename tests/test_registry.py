@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pipeline.records import TurnRecord
-from tests.support.poll import until
+from tests.support.poll import LoopLag, until
 from tests.support.redis_server import RedisServer
 from voice.cluster.records import NoAck, RegisteredCall, RegistrySettings, UnknownCall, WorkerInfo
 from voice.cluster.registry import CallRegistry
@@ -327,11 +327,12 @@ async def test_background_reaper_finds_a_dead_worker_within_twice_the_ttl(
     await a.admit(RegisteredCall("call-1"))
     a.append_turn("call-1", turn(1))
     assert await a.flush()
-    await a.stop()
-    last_beat = a.worker.heartbeat_at  # wall clock, like the time the reaper writes
-    _: bool = await until(
-        lambda: _state_is(b, "call-1", "lost"), "call-1 marked lost", within_s=2 * TTL_S + 2
-    )
+    async with LoopLag() as lag:  # the reapers run on this loop: a loaded runner delays them
+        await a.stop()
+        last_beat = a.worker.heartbeat_at  # wall clock, like the time the reaper writes
+        _: bool = await until(
+            lambda: _state_is(b, "call-1", "lost"), "call-1 marked lost", within_s=2 * TTL_S + 2
+        )
     assert await states(c, "call-1") == ["active", "lost"]
     found = await c.get_call("call-1")
     assert found is not None and [t["turn"] for t in found[1]] == [1]
@@ -339,7 +340,11 @@ async def test_background_reaper_finds_a_dead_worker_within_twice_the_ttl(
     assert found[0].ended_at is not None
     lost_after = found[0].ended_at - last_beat
     print(f"\nmarked lost {lost_after:.3f} s after the last heartbeat (TTL {TTL_S} s)")
-    assert lost_after <= 2 * TTL_S, f"marked lost {lost_after:.3f} s after the last heartbeat"
+    bound = 2 * TTL_S + lag.total_s
+    assert lost_after <= bound, (
+        f"marked lost {lost_after:.3f} s after the last heartbeat (TTL {TTL_S} s, "
+        f"the loop was held up {lag.total_s:.3f} s meanwhile)"
+    )
 
 
 async def test_a_restarted_worker_marks_its_previous_calls_lost(open_worker: Open) -> None:

@@ -221,9 +221,11 @@ async def test_barge_in_stops_the_reply_and_the_history_holds_what_the_caller_he
     server, port = sip_server.server, sip_server.port
     first = piper("Hello, I have a question about my delivery.")
     again = piper("Sorry, wait, I have something else.")
-    # the second sentence starts 2.5 s after the first ends: while the reply is playing; the
-    # caller hangs up 8 s after it (baresip ends the call when its audio file ends)
-    speech = concat(silence(4000), first, silence(2500), again, silence(8000))
+    # the second sentence starts 5 s after the first ends: while the reply is playing (it
+    # began 0.6 s after the first on an idle machine, 3.4 s on a loaded one, and plays for 8 s);
+    # the caller hangs up 8 s after it (baresip ends the call when its audio file ends)
+    gap_ms = 5000
+    speech = concat(silence(4000), first, silence(gap_ms), again, silence(8000))
     caller = Baresip(tmp_path / "baresip", speech)
     try:
         mark = server.log_mark()
@@ -243,7 +245,7 @@ async def test_barge_in_stops_the_reply_and_the_history_holds_what_the_caller_he
     dump = caller.heard()
     assert dump is not None
     first_end_s = (4000 + len(first) * 1000 // SAMPLE_RATE) / 1000
-    again_end_s = first_end_s + 2.5 + len(again) / SAMPLE_RATE
+    again_end_s = first_end_s + gap_ms / 1000 + len(again) / SAMPLE_RATE
     heard_s = reply_frames_heard(dump, first_end_s, again_end_s - 0.3) * WIRE_FRAME / 8000
     low_s, high_s = claimed_span_s(cut["generated_text"], cut["reply_text"])
     print(f"\nthe caller heard {heard_s:.2f} s of the reply; the history {cut['reply_text']!r}")

@@ -39,7 +39,6 @@ def guarded() -> Iterator[Server]:
             "HOTLINE_API_TOKEN": TOKEN,
             "HOTLINE_TELEPHONY__MEDIA_IDLE_TIMEOUT_S": str(IDLE_S),
             "HOTLINE_WEBRTC__MEDIA_IDLE_TIMEOUT_S": str(IDLE_S),
-            "HOTLINE_WARM_UP": "false",  # no call here is ever transcribed or answered
         }
     )
     yield running

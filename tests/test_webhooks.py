@@ -468,7 +468,6 @@ async def test_a_killed_workers_delivery_is_sent_again_by_another_after_its_leas
             "HOTLINE_WEBHOOK__SECRET": SECRET,
             "HOTLINE_WEBHOOK__TIMEOUT_S": "2",
             "HOTLINE_WEBHOOK__LEASE_S": str(LEASE_S),
-            "HOTLINE_WARM_UP": "false",  # the call says nothing
         }
 
     receiver.hold = 1  # X's attempt is never answered

@@ -118,3 +118,30 @@ class _Poll:
         if time.monotonic() >= self.deadline:
             shown = self.describe() if self.describe is not None else last
             raise PollTimeout(self.what, self.within_s, shown)
+
+
+class LoopLag:
+    """How long a loaded machine kept this event loop from running: a ticker sleeping `tick_s`
+    adds up how late each wake-up came (beyond the timer's own ~1 ms). A bound on work done on
+    this loop allows for it: derived from the run, not guessed.
+
+    `async with LoopLag() as lag: ...` then `lag.total_s`."""
+
+    def __init__(self, tick_s: float = 0.02, slack_s: float = 0.002) -> None:
+        self.tick_s, self.slack_s = tick_s, slack_s
+        self.total_s = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LoopLag:
+        self._task = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _tick(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(self.tick_s)
+            self.total_s += max(0.0, time.monotonic() - before - self.tick_s - self.slack_s)

@@ -191,16 +191,23 @@ async def converse(
     dtmf: str = "",
     reply_timeout_s: float = 30.0,
     quiet_s: float = 0.8,
+    hear_opening: bool = False,
 ) -> None:
     """Speak `utterances` over `line`, one turn each, appending each turn to `turns` as it starts.
 
-    Each utterance is spoken after the previous reply has finished (`quiet_s` of silence).
+    Each utterance is spoken after the previous reply has finished (`quiet_s` of silence); with
+    `hear_opening`, the first one too waits until what the server says first (a notice, a
+    greeting) has been heard out, as a caller does, however long the server took to say it.
     With `barge_in_after_ms`, the last utterance is spoken that long after the previous reply
     started instead, interrupting it. `dtmf` keys are pressed once a reply has finished (the
     first one waited out), or at the end if none was. Stops at the first utterance that gets no
     reply within `reply_timeout_s`.
     """
     pressed = not dtmf
+    if hear_opening:
+        opened = await line.hear(first_audible_after(0.0), reply_timeout_s)
+        if opened is not None:
+            await line.hear(silent_for_after(opened, quiet_s), reply_timeout_s)
     for index, pcm in enumerate(utterances):
         interrupting = (
             barge_in_after_ms is not None and index == len(utterances) - 1 and bool(turns)
