@@ -3,6 +3,8 @@ port for the call tests (its helpers live in tests/support/server.py)."""
 
 from __future__ import annotations
 
+import os
+import resource
 from collections.abc import Iterator
 
 import aioice.ice
@@ -32,6 +34,15 @@ def server() -> Iterator[Server]:
     yield running
     code = stop_server(running)
     assert code == 0, "\n".join(running.log[-40:])
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With HOTLINE_TEST_STARTS_LOG set, the CPU this test process used (where the time goes)."""
+    if starts := os.environ.get("HOTLINE_TEST_STARTS_LOG"):
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(starts, "a") as out:
+            out.write(f"pytest {used.ru_utime + used.ru_stime:.1f} {worker}\n")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

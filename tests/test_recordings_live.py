@@ -239,7 +239,12 @@ async def test_announce_says_the_notice_then_records(
         **{**NO_REPLY, "quiet_s": 2.0},
     )
     assert result.rejected is None
-    detail = await until(lambda: recorded(a, result.call_id), "the call's recording listed", 20)
+    detail = await until(
+        lambda: recorded(a, result.call_id),
+        "the call's recording listed",
+        20,
+        describe=lambda: api(a, f"/calls/{result.call_id}").json(),
+    )
     # the caller heard the notice first, whole (tiny.en on the 8 kHz line mishears it: the
     # server's record of what was played says so) ...
     assert detail["history"][:2] == [

@@ -112,10 +112,12 @@ class MediaLine:
         start = await wait_for_start(websocket, protocol, bad)
         if start is None:
             return
+        # Before the stream, whose idle clock starts as it is made: a hang-up for idleness is
+        # never seen to come sooner than the timeout after this.
+        self.started[start.call_id] = time.monotonic()
         stream = PhoneStream(
             start.call_id, websocket, protocol, start, send_timeout_s=self.send_timeout_s
         )
-        self.started[start.call_id] = time.monotonic()
         if self.reply is not None:
             stream.play(self.reply)
         pumping = asyncio.create_task(pump(stream, bad, idle_timeout_s=self.idle_s))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import socket
@@ -161,6 +162,13 @@ async def logged(
 
 
 def stop_server(server: Server) -> int:
+    if starts := os.environ.get("HOTLINE_TEST_STARTS_LOG"):  # the CPU the server used
+        with contextlib.suppress(OSError), open(f"/proc/{server.process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+            cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            with open(starts, "a") as out:
+                test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+                out.write(f"cpu {cpu_s:.1f} {test}\n")
     server.process.terminate()
     try:
         return server.process.wait(30)

@@ -94,8 +94,34 @@ def words(text: str) -> set[str]:
     return set(words_in_order(text))
 
 
-def heard(pcm: np.ndarray) -> str:
-    """What the bundled Whisper model transcribes from 16 kHz `pcm`: what a caller heard."""
+def heard(pcm: np.ndarray, gap_s: float = 1.0) -> str:
+    """What the bundled Whisper model transcribes from 16 kHz `pcm`: what a caller heard.
+
+    Stretches of sound apart by `gap_s` of quiet are transcribed one by one: on a call of more
+    than 30 s, Whisper's windows (no timestamps) cut words at every 30 s mark, however the
+    sound falls (a loaded runner's slow turns lost a reply's first half to it)."""
     from pipeline.stt import SpeechToText
 
-    return SpeechToText.shared().transcribe_blocking(pcm).text
+    stt = SpeechToText.shared()
+    return " ".join(
+        text for part in sound_spans(pcm, gap_s) if (text := stt.transcribe_blocking(part).text)
+    )
+
+
+def sound_spans(pcm: np.ndarray, gap_s: float, level: float = 300.0) -> list[np.ndarray]:
+    """The parts of `pcm` with sound (20 ms frames of RMS above `level`) that are `gap_s` or
+    more apart, each with 0.2 s of what surrounds it."""
+    step = RATE // 50
+    count = len(pcm) // step
+    rms = np.sqrt(np.mean(pcm[: count * step].reshape(-1, step).astype(np.float64) ** 2, axis=1))
+    loud = np.flatnonzero(rms > level)
+    if loud.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(loud) * step >= gap_s * RATE)
+    starts = [loud[0], *loud[breaks + 1]]
+    ends = [*loud[breaks], loud[-1]]
+    pad = RATE // 5
+    return [
+        pcm[max(0, a * step - pad) : min(len(pcm), (b + 1) * step + pad)]
+        for a, b in zip(starts, ends, strict=True)
+    ]

@@ -27,6 +27,7 @@ AUDIBLE_RMS = 300.0  # int16 RMS above which a received 20 ms frame counts as re
 FRAME_S = FRAME_SAMPLES / SAMPLE_RATE  # one 20 ms frame, in seconds
 BARGE_IN_QUIET_S = 0.25  # an interrupted reply has stopped once it is silent this long
 BARGE_IN_WAIT_S = 5.0  # how long an interruption waits for the reply to stop
+OPENING_WAIT_S = 30.0  # how long a caller who hears out the opening waits for it
 
 
 def voiced_span(pcm: PCM) -> tuple[int, int]:
@@ -205,9 +206,9 @@ async def converse(
     """
     pressed = not dtmf
     if hear_opening:
-        opened = await line.hear(first_audible_after(0.0), reply_timeout_s)
+        opened = await line.hear(first_audible_after(0.0), OPENING_WAIT_S)
         if opened is not None:
-            await line.hear(silent_for_after(opened, quiet_s), reply_timeout_s)
+            await line.hear(silent_for_after(opened, quiet_s), OPENING_WAIT_S)
     for index, pcm in enumerate(utterances):
         interrupting = (
             barge_in_after_ms is not None and index == len(utterances) - 1 and bool(turns)
