@@ -46,7 +46,7 @@ lint: $(STAMP)
 test: $(STAMP) system-deps
 	@status=0; \
 	$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
-	$(BIN)/pytest -m "not serial" -n $(TEST_WORKERS) --dist loadfile --durations=15 || status=$$?; \
+	$(BIN)/pytest -m "not serial" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 || status=$$?; \
 	wait $$lint || status=1; \
 	echo "--- lint:"; cat $(VENV)/lint.log; \
 	$(BIN)/pytest -m serial --durations=15 || status=$$?; \

@@ -3,9 +3,11 @@ port for the call tests (its helpers live in tests/support/server.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 from collections.abc import Iterator
+from pathlib import Path
 
 import aioice.ice
 import pytest
@@ -45,17 +47,41 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             out.write(f"pytest {used.ru_utime + used.ru_stime:.1f} {worker}\n")
 
 
+# Seconds each file took in a `make test` run (setup, calls and teardown, on 4 workers of a
+# 2-core machine): the longest files are handed out first. Refresh it from a run's
+# `--durations=0` when files come and go; a file not in it counts as UNLISTED_SLOW_S if it has
+# `slow` tests, else as nothing.
+DURATIONS = json.loads((Path(__file__).parent / "durations.json").read_text())
+UNLISTED_SLOW_S = 30.0
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A `serial` test is also `slow`: `make test-fast` leaves both out.
 
-    The `slow` tests (live servers, real-time calls) run first and the unit tests last: `make
-    test` hands whole files to its workers (`--dist loadfile`, so a module's servers start once),
-    and a long file handed out last would leave the other workers idle at the end, where short
-    tests fill the gaps instead. The sort is stable: files and tests keep their order."""
+    `make test` hands whole files to its workers (`--dist loadfile --no-loadscope-reorder`, so
+    a module's servers start once) in this order: the longest files first, by DURATIONS, so
+    that no long file is handed out last to keep one worker busy while the others idle (xdist's
+    own order, by number of tests, left the 1-test soak and transfer files to the end: a 3
+    minute tail). The sort is stable: a file's tests keep their order."""
+    slow_files: set[str] = set()
     for item in items:
         if item.get_closest_marker("serial") is not None:
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        if item.get_closest_marker("slow") is not None:
+            slow_files.add(_file_of(item))
+
+    def seconds(item: pytest.Item) -> float:
+        name = _file_of(item)
+        listed = DURATIONS.get(name)
+        if listed is not None:
+            return float(listed)
+        return UNLISTED_SLOW_S if name in slow_files else 0.0
+
+    items.sort(key=lambda item: -seconds(item))
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 @pytest.fixture(scope="module")
