@@ -159,7 +159,7 @@ def test_client_commands_without_the_token_say_so_in_one_line(
     wav = tmp_path / "hello.wav"
     write_wav(wav, utterance("Hello there."))
     commands = [
-        ("call", "--wav", str(wav), "--url", guarded.url),
+        ("call", "--wav", str(wav), "--out", str(tmp_path / "reply.wav"), "--url", guarded.url),
         ("bench", "--url", guarded.url, "--calls", "1", "--turns", "1", "--out", str(wav)),
         ("experiments", "stop", "--url", guarded.url),
     ]
@@ -182,8 +182,11 @@ def test_hotline_call_with_the_token_prints_the_servers_turn_record(guarded: Ser
     with TemporaryDirectory() as scratch:
         wav = Path(scratch) / "question.wav"
         write_wav(wav, utterance("Do you open on Sundays?"))
-        result = hotline_cli("call", "--wav", str(wav), "--url", guarded.url, token=TOKEN)
+        reply = Path(scratch) / "reply.wav"  # not the default, in the working directory
+        command = ("call", "--wav", str(wav), "--out", str(reply), "--url", guarded.url)
+        result = hotline_cli(*command, token=TOKEN)
         assert result.exit_code == 0, result.output
+        assert reply.stat().st_size > 44  # the reply's audio: more than a WAV header
     assert "sundays" in result.output.lower(), result.output  # the server's record of the turn
     assert re.search(r"stt=\d+", result.output), result.output
 

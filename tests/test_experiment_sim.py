@@ -94,7 +94,7 @@ async def test_adaptive_arm_keeps_more_turns_within_budget_than_fixed_high(
     result = CliRunner().invoke(app, [*command, "--csv", str(csv), "--plot", str(png)])
     assert result.exit_code == 0, result.output
     assert "fixed-high − adaptive" in result.stdout
-    assert len(csv.read_text().splitlines()) == 1 + len(records) == 1 + 10
+    assert len(csv.read_text().splitlines()) == 1 + len(records) == 1 + 2 * TURNS
     assert png.read_bytes().startswith(b"\x89PNG")
 
 

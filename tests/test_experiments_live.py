@@ -91,8 +91,12 @@ async def test_fast_tier_failing_mid_call_still_answers_that_turn(
         response = await http.put("/experiments/on-fast", json={"arms": [ON_FAST]})
         assert response.status_code == 200 and response.json()["running"] == "on-fast"
         try:
+            # 2 s of quiet end a reply: on a loaded runner the chunk after "You said," can take
+            # a second to synthesise, and the caller would speak (or hang up) into the reply
             result = await place_call(
-                server.url, [utterance(FIRST, VOICE, WPM), utterance(SECOND, VOICE, WPM)]
+                server.url,
+                [utterance(FIRST, VOICE, WPM), utterance(SECOND, VOICE, WPM)],
+                quiet_s=2.0,
             )
         finally:
             assert (await http.delete("/experiments/active")).json() == {"stopped": "on-fast"}
