@@ -100,7 +100,10 @@ async def test_adaptive_arm_keeps_more_turns_within_budget_than_fixed_high(
 
 @pytest.mark.slow
 async def test_a_scripted_429_burst_falls_back_within_the_turn_and_rests_the_tier() -> None:
-    experiment = Experiment(name="burst", arms=[Arm(name="adaptive", budget_ms=1500)])
+    # Held on the fast tier by a fixed arm: an adaptive one planned turn 2 on standard when a
+    # loaded runner had made turn 1 on fast slow, and the 429 was never met (a CI run).
+    on_fast = Arm(name="on-fast", policy="fixed", effort="none", tier="fast", budget_ms=1500)
+    experiment = Experiment(name="burst", arms=[on_fast])
     sim = Simulation(
         experiment=experiment,
         calls=1,
