@@ -107,7 +107,6 @@ async def test_fast_tier_failing_mid_call_still_answers_that_turn(
         detail = (await http.get(f"/calls/{result.call_id}")).json()
         metrics = (await http.get("/metrics")).text
     first, second = (record["decision"] for record in detail["records"][:2])
-    said = [line for line in server.log if result.call_id in line]
     assert (first["taken"], first["tier"]) == ("planned", "fast"), (detail["records"], said)
     assert (second["taken"], second["planned_tier"], second["tier"]) == (
         "fallback",

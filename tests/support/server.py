@@ -116,10 +116,7 @@ def _start_server(extra_env: dict[str, str] | None, timeout_s: float) -> Server:
     threading.Thread(target=pump, daemon=True).start()
     started = time.monotonic()
     ready.wait(timeout_s)
-    if starts := os.environ.get("HOTLINE_TEST_STARTS_LOG"):  # where the suite's time goes
-        with open(starts, "a") as out:
-            test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
-            out.write(f"{time.monotonic() - started:.1f} {test}\n")
+    _account(f"{time.monotonic() - started:.1f}")
     if process.poll() is not None or not any(listening in line for line in server.log):
         process.kill()
         if any(f"('127.0.0.1', {port}): address already in use" in line for line in server.log):
@@ -161,14 +158,20 @@ async def logged(
         await asyncio.sleep(0.05)
 
 
+def _account(figure: str) -> None:
+    """With HOTLINE_TEST_STARTS_LOG set, one line there: `figure` and the test it is for (where
+    the suite's time goes: each server's start-up seconds, then its CPU seconds)."""
+    if starts := os.environ.get("HOTLINE_TEST_STARTS_LOG"):
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(starts, "a") as out:
+            out.write(f"{figure} {test}\n")
+
+
 def stop_server(server: Server) -> int:
-    if starts := os.environ.get("HOTLINE_TEST_STARTS_LOG"):  # the CPU the server used
+    if os.environ.get("HOTLINE_TEST_STARTS_LOG"):  # the CPU the server used
         with contextlib.suppress(OSError), open(f"/proc/{server.process.pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
-            cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            with open(starts, "a") as out:
-                test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
-                out.write(f"cpu {cpu_s:.1f} {test}\n")
+            _account(f"cpu {(int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK'):.1f}")
     server.process.terminate()
     try:
         return server.process.wait(30)
