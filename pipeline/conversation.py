@@ -234,17 +234,22 @@ class Conversation:
         if not await self._interruptions.pause(started, self._response):
             await self._interrupt(started.at)  # else judged when this speech ends
 
-    async def _interrupt(self, onset: float | None = None) -> None:
-        """Silence the reply at once, then stop the response task (for speech begun at `onset`)."""
+    async def _interrupt(
+        self, onset: float | None = None, response: asyncio.Task[None] | None = None
+    ) -> None:
+        """Silence the reply at once, then stop `response` (default: the response running
+        now), for speech begun at `onset`. Only that one: a turn taken while the wire clears
+        has a response of its own."""
+        task = self._response if response is None else response
         if onset is not None:
             self.barge_ins.append(onset)
-        if self._response is not None and not self._response.done():
+        if task is not None and not task.done():
             # First, so that it queues no more audio: clear() awaits the wire, and a sentence
             # whose synthesis finished meanwhile would otherwise be played after the clear.
-            self._response.cancel()
-        self._interruptions.forget()  # a paused reply is not resumed
+            task.cancel()
+        self._interruptions.forget(task)  # a paused reply is not resumed
         await self.transport.clear()
-        await self._stop_response()
+        await self._stop(task)
 
     async def say(self, text: str, then: CallAction | None = None) -> None:
         """Speak `text` into the call now, cutting off any reply in progress; once it has been
@@ -274,7 +279,12 @@ class Conversation:
         self._response = asyncio.create_task(self._reply(text, TurnClock(time.monotonic()), None))
 
     async def _stop_response(self) -> None:
-        task, self._response = self._response, None
+        await self._stop(self._response)
+
+    async def _stop(self, task: asyncio.Task[None] | None) -> None:
+        """Cancel `task` (a response) and wait for it to end."""
+        if self._response is task:
+            self._response = None
         if task is None or task.done():
             return
         task.cancel()

@@ -24,7 +24,7 @@ from pipeline.conversation import Conversation
 from pipeline.conversation_settings import ConversationSettings
 from pipeline.services import SpeechRecognizer
 from pipeline.stt import SpeechToText
-from pipeline.transport import SAMPLE_RATE, HangUp, InboundEvent
+from pipeline.transport import SAMPLE_RATE, AudioIn, HangUp, InboundEvent
 from pipeline.turn_taking.barge_in import BargeInSettings, Verdict, classify
 from pipeline.turn_taking.end_of_turn import TurnJudge
 from pipeline.turn_taking.model import TurnScore
@@ -39,7 +39,7 @@ from tests.support.conversation import (
     utterance,
 )
 from tests.support.poll import until
-from tests.support.speech import concat, silence, words_in_order
+from tests.support.speech import concat, frames, silence, words_in_order
 from tests.support.speech import utterance as spoken
 from voice.audio import mulaw_decode
 from voice.transports.phone.stream import PhoneStream
@@ -73,10 +73,12 @@ async def call_with(
     settings: ConversationSettings | None = None,
     turn_model: TurnJudge | None = None,
     turn_settings: TurnSettings | None = None,
+    starve_s: float = 0.0,
 ) -> Call:
     """A call: "Tell me a long story", the 3 s reply, `over_reply` (piper) said into it three
     words in, then silence until `turns` turns are over (the reply, and any answer to the
-    caller's words)."""
+    caller's words). With `starve_s`, the process is held up that long once the reply has
+    paused for the caller (`starved`)."""
     line = PhoneLine()
     llm = ScriptedLLM([REPLY, "Sorry, which address?"])
     kept_at: list[float] = []
@@ -102,7 +104,8 @@ async def call_with(
         await line.reached(int(CUT_IN_S * SAMPLE_RATE))
         call.cut_in_at = line.played_samples
         sent = 0
-        async for event in speak(clip):
+        microphone = starved(line, clip, starve_s) if starve_s else speak(clip)
+        async for event in microphone:
             yield event
             sent += len(getattr(event, "pcm", ()))
             if sent >= speech_end and not call.speech_over_at:
@@ -120,6 +123,24 @@ async def call_with(
     line.script = caller
     await conversation.run()
     return call
+
+
+async def starved(line: PhoneLine, pcm: np.ndarray, hog_s: float) -> AsyncIterator[InboundEvent]:
+    """The caller's microphone in a process starved of CPU (a loaded host): real time until
+    the reply pauses for the caller's speech, then the whole loop is held up `hog_s` (a CPU
+    hog). The caller went on speaking meanwhile: what arrived is read in one go, in the same
+    loop turn as the timers that fell due during the hold-up (this reader's wake-up first, as
+    a datagram's comes before timers)."""
+    start, hogged = time.monotonic(), False
+    for index, frame in enumerate(frames(pcm)):
+        due = start + (index + 1) * 0.02
+        if line.pauses and not hogged:
+            hogged = True
+            asyncio.get_running_loop().call_later(0.01, time.sleep, hog_s)
+            await asyncio.sleep(0.02)  # falls due during the hold-up, before any later timer
+        elif not hogged:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+        yield AudioIn(frame, due)
 
 
 # piper's; Whisper tiny.en reads it "MMM". ("Okay." through Whisper: the turn-model test below.)
@@ -202,6 +223,22 @@ async def test_a_real_interruption_stops_the_reply_and_becomes_the_next_turn() -
     assert line.pauses[0] - onset < (line.queued_samples - onset) / 2
     # ...and given up while the caller was still speaking (longer than any acknowledgement).
     assert call.kept_at[0] < call.speech_over_at, "the reply was given up only at the end"
+
+
+async def test_an_interruption_read_late_on_a_starved_host_is_still_answered() -> None:
+    """The reply pauses for the caller; the host is then held up past the cap on undecided
+    speech (1.3 s + 500 ms + 100 ms after the onset), and the caller's speech, over by then,
+    is read in the loop turn the cap fires in. The speech is a turn to answer: no
+    interruption scheduled by the cap drops its judgement, or stops the reply to it (CI:
+    a loaded runner's SIP caller was never answered)."""
+    said = "No, wait, that's not my address."
+    cap_s = (BargeInSettings().backchannel_max_ms + TurnSettings().end_silence_ms + 100) / 1e3
+    stt = ScriptedSTT(["Tell me a long story.", said])
+    call = await call_with(said, stt, turns=2, starve_s=cap_s + 0.6)
+    first, second = call.conversation.records
+    assert first.interrupted and call.line.clears == 1 and call.line.resumes == 0
+    assert second.caller_text == said and second.reply_text == "Sorry, which address?"
+    assert not second.interrupted
 
 
 @pytest.mark.parametrize("transcript", ["(coughs)"])  # "" too: test_classify

@@ -60,7 +60,8 @@ class Interruptions:
     """Barge-in for one call (see the module docstring). `end_silence_ms`: the turn
     detector's; `early(position)`: the early transcript of the caller's pause that ended at
     `position`, if there is one (and its rank in the STT queue); `interrupt(onset)` stops the
-    reply for good; `take_turn(segment)` answers the caller's words."""
+    reply for good; `interrupt(onset, response)` stops that reply for good (and no later
+    one); `take_turn(segment)` answers the caller's words."""
 
     def __init__(
         self,
@@ -71,7 +72,7 @@ class Interruptions:
         stt: SpeechRecognizer,
         *,
         early: Callable[[int], EarlyTranscript | None],
-        interrupt: Callable[[float], Coroutine[Any, Any, None]],
+        interrupt: Callable[[float, asyncio.Task[None]], Coroutine[Any, Any, None]],
         take_turn: Callable[[TurnSegment], None],
     ) -> None:
         self.call_id = call_id
@@ -129,11 +130,13 @@ class Interruptions:
         if not self.absorb(segment):
             self._take_turn(segment)
 
-    def forget(self) -> None:
-        """The reply is being stopped for good (an interruption, a key, an announcement)."""
-        held, self._held = self._held, None
-        if held is None:
+    def forget(self, response: asyncio.Task[None] | None = None) -> None:
+        """The reply (`response`, if given: only that one) is being stopped for good (an
+        interruption, a key, an announcement)."""
+        held = self._held
+        if held is None or (response is not None and held.response is not response):
             return
+        self._held = None
         if held.cap is not None:
             held.cap.cancel()
         for deciding in held.deciding:
@@ -162,7 +165,7 @@ class Interruptions:
         if verdict is Verdict.BACKCHANNEL:
             await self._resume(held)
             return
-        await self._interrupt(held.onset_at)
+        await self._interrupt(held.onset_at, held.response)
         self._take_turn(segment)
 
     async def _words(self, segment: TurnSegment, duration_ms: float) -> str | None:
@@ -216,7 +219,10 @@ class Interruptions:
     def _too_long(self, held: _Held) -> None:
         if self._held is held and held.speaking and not held.response.done():
             log.info("call %s: the caller speaks on: an interruption", self.call_id)
-            task = asyncio.create_task(self._interrupt(held.onset_at))
+            # Settled now, not when the task runs: on a starved host the speech's end may be
+            # read before it does, and is then a turn to answer, not a judgement to drop.
+            self.forget()
+            task = asyncio.create_task(self._interrupt(held.onset_at, held.response))
             self._safety.add(task)
             task.add_done_callback(self._safety.discard)
 
