@@ -349,6 +349,29 @@ async def test_a_resumed_phone_stream_resends_from_the_played_position() -> None
     await stream.close()
 
 
+async def test_a_phone_stream_resumes_mid_sentence_from_the_last_mark_played() -> None:
+    """A mark goes out every 200 ms of a sentence: paused 400 ms into a 1 s sentence, the reply
+    resumes from there, not from the sentence's start, and the played position says so."""
+    protocol = TwilioProtocol()
+    protocol.stream_sid = "MZ1"
+    start = Start(call_id="CA1", stream_id="MZ1", caller=None, callee=None)
+    socket = RecordingSocket()
+    stream = PhoneStream("CA1", cast(WebSocket, socket), protocol, start, lead_s=10.0)
+    end = stream.play(tone(1000, 440))
+    await stream.wait_sent(end)
+    await until(lambda: len(marks(socket.sent)) == 5, "a mark every 200 ms")
+    sent = media(socket.sent)
+    assert len(sent) == 50
+    stream.accept([MarkPlayed(name) for name in marks(socket.sent)[:2]])
+    assert stream.played_samples == SAMPLE_RATE * 400 // 1000
+    before = len(socket.sent)
+    await stream.pause()
+    await stream.resume()
+    await until(lambda: len(marks(socket.sent[before:])) == 3, "the rest sent again, marked")
+    assert media(socket.sent[before:]) == sent[20:]  # from 400 ms on, frame for frame
+    await stream.close()
+
+
 async def test_a_phone_stream_cleared_while_paused_sends_one_clear() -> None:
     protocol = TwilioProtocol()
     protocol.stream_sid = "MZ1"

@@ -204,4 +204,6 @@ async def test_a_client_that_stops_reading_is_hung_up_long_before_the_ping_timeo
     for client, end in zip(deaf, ended[: len(deaf)], strict=True):
         took = end.at - line.started[client.wire.call_id]
         assert took < PING_S, took  # before the first ping went out, let alone its timeout
-    assert all(client.echoed == ["hotline-1"] for client in hearing)
+    # 500 ms of reply: a mark at 200 and 400 ms, and at its end
+    echoed = ["hotline-1-part", "hotline-2-part", "hotline-3"]
+    assert all(client.echoed == echoed for client in hearing)

@@ -42,6 +42,7 @@ from voice.devtools.turn_bench.scoring import (
     Point,
     Row,
     best,
+    bound,
     cutoffs_at,
     delay_at,
     delay_ms,
@@ -140,6 +141,26 @@ def test_held_through_counts_only_pauses_after_words_that_go_on() -> None:
     point = evaluate(decisions, MODEL, 0.5, 200, 1200)
     assert point.held_through == 0.5
     assert point.cutoff_rate == pytest.approx(2 / 3)
+
+
+def test_the_bound_gives_ends_and_pauses_after_finished_sentences_one_delay() -> None:
+    decisions = [
+        decision(700, category="sentence"),
+        decision(250, category="sentence"),
+        decision(3000, category="continuation"),  # known to go on: never cut
+        decision(2000, category="digits"),
+        decision(math.inf, category="end"),
+    ]
+    result = bound(decisions, delays=(200, 300, 800))
+    points = {p.mean_delay_ms: p.cutoff_rate for p in result.points}
+    assert points == {200: 0.5, 300: 0.25, 800: 0.0}  # of 4 holds
+    assert result.cutoffs_300 == 0.25
+    assert result.delay_5 == 700  # interpolated between 300 ms (25%) and 800 ms (0%)
+    # every row's best is no better at the same mean delay: the model row on these decisions
+    model = score_row(decisions, MODEL)
+    for point in model.points:
+        reachable = [p for p in result.points if p.mean_delay_ms <= point.mean_delay_ms]
+        assert not reachable or min(p.cutoff_rate for p in reachable) <= point.cutoff_rate
 
 
 def _p(delay: float, cutoffs: float) -> Point:

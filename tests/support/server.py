@@ -14,6 +14,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from tests.support import zygote
+
 # Barge-in's bound is derived from each call itself: tests/support/barge_in.py.
 
 
@@ -57,7 +59,7 @@ WHOLE_LOG = LogMark(0)  # explicit: search every line (e.g. once the server has 
 @dataclass
 class Server:
     url: str
-    process: subprocess.Popen[str]
+    process: subprocess.Popen[str] | zygote.Forked
     log: list[str] = field(default_factory=list)
 
     def log_mark(self) -> LogMark:
@@ -94,13 +96,18 @@ def _start_server(extra_env: dict[str, str] | None, timeout_s: float) -> Server:
         "HOTLINE_WARM_UP": "false",
         **(extra_env or {}),
     }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "voice", "serve", "--port", str(port), "--log-level", "info"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    argv = ["serve", "--port", str(port), "--log-level", "info"]
+    process: subprocess.Popen[str] | zygote.Forked
+    if zygote.enabled():  # forked from a process that has imported Hotline already
+        process = zygote.spawn(argv, env)
+    else:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "voice", *argv],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     server = Server(f"http://127.0.0.1:{port}", process)
     ready = threading.Event()
     listening = f"Uvicorn running on http://127.0.0.1:{port}"  # the embedded LLM logs its own

@@ -247,7 +247,7 @@ def connect(settings: ClientSettings) -> aioredis.Redis:
             raise ValueError("a sentinel URL needs a master name (path or sentinel_master)")
         if parts.password:
             options["password"] = unquote(parts.password)
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(
             [(h[0], int(h[1]) if len(h) > 1 else 26379) for h in hosts],
             sentinel_kwargs={"socket_timeout": settings.socket_timeout_s},
             ssl=parts.scheme.startswith("rediss"),

@@ -49,6 +49,8 @@ def _ms(value: float | None) -> str:
 def _policy(point: Point | None) -> str:
     if point is None:
         return "none"
+    if math.isnan(point.threshold):  # the bound: one delay at the ends and ambiguous pauses
+        return f"delay {point.min_delay_ms}"
     return f"thr {point.threshold:g}, min {point.min_delay_ms}, timeout {point.timeout_ms}"
 
 

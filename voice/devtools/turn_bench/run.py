@@ -11,7 +11,15 @@ from pipeline.turn_taking.policy import TurnPolicy
 from voice.devtools.turn_bench.corpus import Turn, piper_fillers, pools
 from voice.devtools.turn_bench.decisions import Decision, Path_, features, load, models, save
 from voice.devtools.turn_bench.recipe import build_turns
-from voice.devtools.turn_bench.scoring import ROWS, Point, Row, RowResult, evaluate, score_row
+from voice.devtools.turn_bench.scoring import (
+    ROWS,
+    Point,
+    Row,
+    RowResult,
+    bound,
+    evaluate,
+    score_row,
+)
 from voice.devtools.turn_bench.sources import (
     asterisk_clips,
     bench_dir,
@@ -93,7 +101,7 @@ def run_bench(
     for path in paths:
         tick = None if progress is None else (lambda i, n, p=path: progress(p, i, n))
         decisions, seconds = decisions_for(turns, path, use_cache, tick)
-        scored = [score_row(decisions, row) for row in rows]
+        scored = [*(score_row(decisions, row) for row in rows), bound(decisions)]
         policy = TurnPolicy()
         shipped = evaluate(
             decisions, DEFAULTS, policy.threshold, policy.min_delay_ms, DEFAULT_TIMEOUT_MS

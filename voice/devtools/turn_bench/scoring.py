@@ -239,6 +239,46 @@ class RowResult:
     goals: list[tuple[Goal, Point | None, bool]]
 
 
+BOUND_ROW = "bound: knows every pause but one after a finished sentence"
+AMBIGUOUS = "sentence"  # a pause after a finished sentence, inside a turn: it reads as an end
+
+
+def bound(decisions: Sequence[Decision], delays: Sequence[int] = range(0, 3001, 10)) -> RowResult:
+    """The best any detector can do on this set without knowing more than the caller has said.
+
+    It knows which pauses are holds, except a pause after a finished sentence (`AMBIGUOUS`):
+    that one reads exactly as the turn's end (all a detector has is the turn so far, and the
+    same words end other turns), so it gets the same delay as the ends. Every other hold is
+    held for ever. For each delay d: mean delay d, cut-offs = the ambiguous holds whose
+    silence is longer than d. No policy of any row can do better at the same mean delay
+    unless it tells a finished sentence that goes on from one that ends the turn."""
+    holds = [d for d in decisions if not d.end]
+    ambiguous = np.asarray([d.silence_ms for d in holds if d.category == AMBIGUOUS])
+    points = [
+        Point(
+            math.nan,
+            delay,
+            delay,
+            float(delay),
+            float((ambiguous > delay).sum()) / len(holds) if holds else 0.0,
+            1.0,
+        )
+        for delay in delays
+    ]
+    frontier = pareto(points)
+    return RowResult(
+        BOUND_ROW,
+        points,
+        frontier,
+        cutoffs_at(frontier, 300),
+        cutoffs_at(frontier, 600),
+        delay_at(frontier, 0.05),
+        delay_at(frontier, 0.10),
+        (0.0, 0.0),
+        [(goal, *best(points, goal)) for goal in GOALS],
+    )
+
+
 def score_row(decisions: Sequence[Decision], row: Row) -> RowResult:
     points = sweep(decisions, row)
     frontier = pareto(points)

@@ -1,5 +1,6 @@
-"""What a `PhoneStream` queues for the caller: 20 ms frames of reply audio, and the marks after
-each sentence whose echo says the phone has played up to there."""
+"""What a `PhoneStream` queues for the caller: 20 ms frames of reply audio, and the marks whose
+echo says the phone has played up to there: one at the end of each piece of the reply (a
+sentence), named `hotline-N`, and one every 200 ms inside it, named `hotline-N-part`."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ class Frame:
 class Mark:
     name: str
     position: int
+
+
+def mark_name(number: int, piece_end: bool) -> str:
+    """`hotline-N` at a piece's end, `hotline-N-part` inside one."""
+    return f"hotline-{number}" if piece_end else f"hotline-{number}-part"
+
+
+def renamed(mark: Mark, number: int) -> Mark:
+    """`mark` under number `number`, still at a piece's end or inside one."""
+    return Mark(mark_name(number, not mark.name.endswith("-part")), mark.position)
 
 
 def end_of(item: Frame | Mark) -> int:

@@ -5,8 +5,8 @@ The protocol module turns websocket messages into events and back; this module o
 socket, resampling (a `soxr` stream for the caller's audio, each reply sentence whole, so that
 none of it waits for the next), real-time pacing of reply audio (never more than `lead_s` ahead
 of playback, so that a `clear` silences the phone at once) and the played position: a mark
-after each sentence, echoed by the provider when the phone has played it, says exactly how much
-of the reply the caller heard.
+every 200 ms of reply audio and after each sentence, echoed by the provider when the phone has
+played it, says how much of the reply the caller heard.
 
 `pause()` (the caller spoke: perhaps only "mm-hm") sends the provider a `clear`, so the phone
 goes quiet at once, and puts every frame not known to be played (sent after the last echoed
@@ -46,7 +46,7 @@ from pipeline.transport import (
 from voice.audio import StreamResampler, resample
 from voice.transports.activity import LineActivity
 from voice.transports.phone.opening import BadMessages, receive, wait_for_start
-from voice.transports.phone.outbound import Frame, Mark, end_of
+from voice.transports.phone.outbound import Frame, Mark, end_of, mark_name, renamed
 from voice.transports.phone.pump import pump
 from voice.transports.phone.wire import Dtmf as WireDtmf
 from voice.transports.phone.wire import (
@@ -69,6 +69,10 @@ _FRAME_S = 0.02
 # complete this long, means the client stopped reading: it is hung up rather than left to hold
 # the line and the reply's memory.
 SEND_TIMEOUT_S = 5.0
+# A mark every 200 ms of reply audio as well as at each sentence's end: the played position
+# (what the caller heard, where a paused reply resumes) is known to within that, not only at
+# sentence ends. Twilio echoes each one as the phone plays it: five small messages a second.
+MARK_EVERY_FRAMES = 10
 
 
 async def _send(websocket: WebSocket, message: str | bytes) -> None:
@@ -171,7 +175,8 @@ class PhoneStream:
         return until_hang_up(self._inbound)
 
     def play(self, pcm: PCM) -> int:
-        """Queue one sentence of reply audio, then a mark at its end."""
+        """Queue one sentence of reply audio, a mark every `MARK_EVERY_FRAMES` frames and at its
+        end."""
         if pcm.size == 0 or self._closed:
             return self._queued
         wire = resample(pcm, SAMPLE_RATE, self.protocol.wire_rate)  # whole: nothing held back
@@ -180,14 +185,16 @@ class PhoneStream:
         frames[: len(wire)] = wire
         start, self._queued = self._queued, self._queued + int(pcm.size)
         after = start
+        marks = self.protocol.supports_marks
         for index in range(count):
             chunk = frames[index * self._frame_samples : (index + 1) * self._frame_samples]
             end = start + round((index + 1) * (self._queued - start) / count)
             self._outbox.append(Frame(chunk, end, pcm[after - start : end - start]))
             after = end
-        if self.protocol.supports_marks:
-            self._mark_count += 1
-            self._outbox.append(Mark(f"hotline-{self._mark_count}", self._queued))
+            last = index + 1 == count
+            if marks and (last or (index + 1) % MARK_EVERY_FRAMES == 0):
+                self._mark_count += 1
+                self._outbox.append(Mark(mark_name(self._mark_count, last), end))
         self._outbox_ready.set()
         return self._queued
 
@@ -214,7 +221,7 @@ class PhoneStream:
         for item in self._in_flight:  # sent again on resume, its marks under new names
             if isinstance(item, Mark):
                 self._mark_count += 1
-                item = Mark(f"hotline-{self._mark_count}", item.position)
+                item = renamed(item, self._mark_count)
             again.append(item)
         self._in_flight.clear()
         self._outbox.extendleft(reversed(again))
