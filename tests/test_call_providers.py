@@ -22,6 +22,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from pipeline.sentences import SentenceSplitter
+from tests.support.marks import assert_heard
 from tests.support.poll import PollTimeout, until
 from tests.support.provider_phone import TestPhone
 from tests.support.providers import TelnyxWire, TwilioWire, VonageWire, Wire
@@ -42,23 +43,6 @@ def pieces(text: str) -> list[str]:
     (the server's sentence splitter, default settings, as the test server runs it)."""
     splitter = SentenceSplitter()
     return splitter.push(text) + splitter.flush()
-
-
-def assert_heard(echoed: list[str], spoken: list[str], history: str) -> None:
-    """The history holds the pieces whose end marks (`hotline-N`) the caller echoed, whole, and
-    of the piece it was hearing (`hotline-N-part` marks echoed after the last end) at most a
-    share of its words, ending in a dash; nothing after that."""
-    whole = sum(not name.endswith("-part") for name in echoed)
-    assert whole < len(spoken), ("the reply was cut", echoed, spoken)
-    said = " ".join(spoken[:whole])
-    context = f"echoed {echoed} of the pieces {spoken}; the history holds {history!r}"
-    assert history.startswith(said), context
-    rest = history[len(said) :].strip()
-    if not rest:
-        return
-    assert echoed[-1].endswith("-part") and rest.endswith(" —"), context
-    words = rest.removesuffix(" —").split()
-    assert words == spoken[whole].split()[: len(words)] != spoken[whole].split(), context
 
 
 # The providers' wires (tests/support/providers.py) by name, for the parametrized tests.
