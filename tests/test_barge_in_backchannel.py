@@ -298,6 +298,14 @@ class RecordingSocket:
         pass
 
 
+def twilio_stream(socket: RecordingSocket) -> PhoneStream:
+    """A Twilio stream onto `socket`, 10 s of lead: every frame goes out at once."""
+    protocol = TwilioProtocol()
+    protocol.stream_sid = "MZ1"
+    start = Start(call_id="CA1", stream_id="MZ1", caller=None, callee=None)
+    return PhoneStream("CA1", cast(WebSocket, socket), protocol, start, lead_s=10.0)
+
+
 def tone(ms: int, hz: float) -> np.ndarray:
     t = np.arange(SAMPLE_RATE * ms // 1000) / SAMPLE_RATE
     return (8000 * np.sin(2 * np.pi * hz * t)).astype(np.int16)
@@ -318,11 +326,8 @@ async def test_a_resumed_phone_stream_resends_from_the_played_position() -> None
     """Two sentences sent (lead_s: at once), the first one's mark echoed: a pause clears the
     phone and a resume sends the second sentence again, frame for frame, under a new mark; an
     echo of the cleared mark does not count as heard, the new one's does."""
-    protocol = TwilioProtocol()
-    protocol.stream_sid = "MZ1"
-    start = Start(call_id="CA1", stream_id="MZ1", caller=None, callee=None)
     socket = RecordingSocket()
-    stream = PhoneStream("CA1", cast(WebSocket, socket), protocol, start, lead_s=10.0)
+    stream = twilio_stream(socket)
     first = stream.play(tone(200, 440))
     end = stream.play(tone(200, 660))
     await stream.wait_sent(end)
@@ -352,14 +357,12 @@ async def test_a_resumed_phone_stream_resends_from_the_played_position() -> None
 async def test_a_phone_stream_resumes_mid_sentence_from_the_last_mark_played() -> None:
     """A mark goes out every 200 ms of a sentence: paused 400 ms into a 1 s sentence, the reply
     resumes from there, not from the sentence's start, and the played position says so."""
-    protocol = TwilioProtocol()
-    protocol.stream_sid = "MZ1"
-    start = Start(call_id="CA1", stream_id="MZ1", caller=None, callee=None)
     socket = RecordingSocket()
-    stream = PhoneStream("CA1", cast(WebSocket, socket), protocol, start, lead_s=10.0)
+    stream = twilio_stream(socket)
     end = stream.play(tone(1000, 440))
     await stream.wait_sent(end)
     await until(lambda: len(marks(socket.sent)) == 5, "a mark every 200 ms")
+    assert marks(socket.sent) == [*(f"hotline-{n}-part" for n in range(1, 5)), "hotline-5"]
     sent = media(socket.sent)
     assert len(sent) == 50
     stream.accept([MarkPlayed(name) for name in marks(socket.sent)[:2]])
@@ -373,11 +376,8 @@ async def test_a_phone_stream_resumes_mid_sentence_from_the_last_mark_played() -
 
 
 async def test_a_phone_stream_cleared_while_paused_sends_one_clear() -> None:
-    protocol = TwilioProtocol()
-    protocol.stream_sid = "MZ1"
-    start = Start(call_id="CA1", stream_id="MZ1", caller=None, callee=None)
     socket = RecordingSocket()
-    stream = PhoneStream("CA1", cast(WebSocket, socket), protocol, start, lead_s=10.0)
+    stream = twilio_stream(socket)
     end = stream.play(tone(200, 440))
     await stream.wait_sent(end)
     await stream.pause()

@@ -265,31 +265,23 @@ def bound(decisions: Sequence[Decision], delays: Sequence[int] = range(0, 3001, 
         )
         for delay in delays
     ]
-    frontier = pareto(points)
-    return RowResult(
-        BOUND_ROW,
-        points,
-        frontier,
-        cutoffs_at(frontier, 300),
-        cutoffs_at(frontier, 600),
-        delay_at(frontier, 0.05),
-        delay_at(frontier, 0.10),
-        (0.0, 0.0),
-        [(goal, *best(points, goal)) for goal in GOALS],
-    )
+    return _result(BOUND_ROW, points, (0.0, 0.0))
 
 
 def score_row(decisions: Sequence[Decision], row: Row) -> RowResult:
-    points = sweep(decisions, row)
+    return _result(row.name, sweep(decisions, row), cost_ms(decisions, row))
+
+
+def _result(name: str, points: list[Point], cost: tuple[float, float]) -> RowResult:
     frontier = pareto(points)
     return RowResult(
-        row.name,
+        name,
         points,
         frontier,
         cutoffs_at(frontier, 300),
         cutoffs_at(frontier, 600),
         delay_at(frontier, 0.05),
         delay_at(frontier, 0.10),
-        cost_ms(decisions, row),
+        cost,
         [(goal, *best(points, goal)) for goal in GOALS],
     )
