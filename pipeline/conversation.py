@@ -204,6 +204,7 @@ class Conversation:
                             self._discard_speculation("the caller spoke again")
                         else:  # answered, unless it only acknowledged the reply
                             self._interruptions.turn_ended(found)
+                    self._interruptions.heard(self.detector.speech_ms)
                 elif isinstance(event, Dtmf):
                     await self._key_pressed(event.digit)
                 elif isinstance(event, HangUp):

@@ -335,6 +335,15 @@ class TurnDetector:
             return self._finish(self._silence_from if self._silence_from is not None else end)
         return None
 
+    @property
+    def speech_ms(self) -> float:
+        """How long the caller's current speech has gone on, in audio: from its first voiced
+        window to now, or to the silence after it (0 while the caller is silent)."""
+        if self._onset is None or not self._started:
+            return 0.0
+        end = self._silence_from if self._silence_from is not None else self._analysed
+        return (end - self._onset) * 1000 / SAMPLE_RATE
+
     def hasten(
         self, end_position: int, end_silence_ms: int, judgement: EndJudgement | None = None
     ) -> TurnSegment | None:

@@ -241,6 +241,21 @@ async def test_an_interruption_read_late_on_a_starved_host_is_still_answered() -
     assert not second.interrupted
 
 
+async def test_an_acknowledgement_read_late_on_a_starved_host_still_resumes_the_reply() -> None:
+    """The reply pauses for an "mm-hm"; the host is then held up past the wall-clock time the
+    speech's segment is due (1.3 s + 500 ms + 100 ms after the onset). Read late, its audio is
+    still half a second of hum: an acknowledgement, so the reply plays on and no turn is made
+    of it (a cap on the wall clock called it an interruption)."""
+    cap_s = (BargeInSettings().backchannel_max_ms + TurnSettings().end_silence_ms + 100) / 1e3
+    stt = ScriptedSTT(["Tell me a long story.", "Mm-hmm."])
+    call = await call_with("Mm hmm.", stt, turns=1, starve_s=cap_s + 0.6)
+    turns = [(r.caller_text, r.reply_text, r.interrupted) for r in call.conversation.records]
+    assert len(turns) == 1, f"the acknowledgement became a turn: {turns}"
+    [record] = call.conversation.records
+    assert not record.interrupted and record.reply_text == REPLY
+    assert call.line.resumes == 1 and call.line.clears == 0
+
+
 @pytest.mark.parametrize("transcript", ["(coughs)"])  # "" too: test_classify
 async def test_a_cough_or_nothing_said_resumes_the_reply(transcript: str) -> None:
     """What Whisper makes of a cough: nothing, or its own annotation."""

@@ -6,13 +6,18 @@ TurnSegment of that speech           -> classify(duration, early transcript)  (b
     backchannel / cough / nothing    -> transport.resume(): the reply plays on, no turn
     interruption                     -> cancel the reply (history = what was heard), the
                                         words are the caller's next turn
-no segment backchannel_max_ms + end_silence_ms after the onset -> interruption, at once
+backchannel_max_ms of speech, in audio  -> interruption, at once (`heard`)
 ```
 
 The reply's task is not cancelled while paused: it waits on the played position, which a
 pause holds where the caller stopped hearing, so what the history keeps (`heard_text` at the
 played position) is the same whether the reply resumes or is cut. A segment whose transcript
 is not in yet is decided by a task of its own, so the call's loop never waits on Whisper.
+
+The length that makes speech an interruption is counted in the caller's audio as the turn
+detector analyses it (`heard(speech_ms)`), not on the wall clock: on a starved host the audio
+of an "mm-hm" may be read seconds after it was said, and is still a short acknowledgement
+then. A wall-clock cap three times as long stays for a line whose audio stops coming.
 
 Only while the reply is audible (queued audio the caller has not heard yet): speech into the
 bot's silence (the LLM still thinking) interrupts at once, as before, and its words are
@@ -39,8 +44,10 @@ from pipeline.turns import SpeechStarted, TurnSegment
 log = logging.getLogger(__name__)
 
 # The segment of speech that ended comes end_silence_ms later, plus the VAD's window and frame
-# rounding (20-28 ms, pipeline.turns) and the loop's own lag: the cap waits this much more.
+# rounding (20-28 ms, pipeline.turns) and the loop's own lag: the wall-clock cap waits this
+# much more, times _DEAD_LINE (it is only for audio that stops coming).
 _SEGMENT_LATE_MS = 100
+_DEAD_LINE = 3
 
 EarlyTranscript = tuple[asyncio.Task[Transcript], Urgency]  # a pause's, and its rank
 
@@ -110,6 +117,14 @@ class Interruptions:
         self._arm_cap(held, started.at)
         log.info("call %s: reply paused for the caller's speech", self.call_id)
         return True
+
+    def heard(self, speech_ms: float) -> None:
+        """The caller's current speech has lasted `speech_ms` of audio so far (the turn
+        detector's count, after each piece of audio): at `backchannel_max_ms` it is no
+        acknowledgement, and the paused reply gives way to it at once."""
+        held = self._held
+        if held is not None and held.speaking and speech_ms >= self.settings.backchannel_max_ms:
+            self._too_long(held)
 
     def absorb(self, segment: TurnSegment) -> bool:
         """The caller's speech ended: True if this speech paused the reply and is being judged
@@ -206,13 +221,13 @@ class Interruptions:
         log.info("call %s: reply resumed", self.call_id)
 
     def _arm_cap(self, held: _Held, onset_at: float) -> None:
-        """Speech still unfinished this long after its onset is no acknowledgement: its
-        segment comes `end_silence_ms` after it ends, so the wait covers a backchannel of
-        `backchannel_max_ms` and its trailing silence."""
+        """The cap for a line whose audio stops coming (`heard` decides while it comes): speech
+        not judged `_DEAD_LINE` times as long after its onset as a backchannel of
+        `backchannel_max_ms` and its trailing silence take is an interruption."""
         if held.cap is not None:
             held.cap.cancel()
         limit_ms = self.settings.backchannel_max_ms + self._end_silence_ms + _SEGMENT_LATE_MS
-        limit_s = limit_ms / 1e3
+        limit_s = _DEAD_LINE * limit_ms / 1e3
         delay = max(0.0, onset_at + limit_s - time.monotonic())
         held.cap = asyncio.get_running_loop().call_later(delay, self._too_long, held)
 

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any
 
 _MAX_MESSAGE = 1 << 20
@@ -81,6 +82,7 @@ class Zygote:
         self._process = subprocess.Popen(
             [sys.executable, "-m", "tests.support.zygote", str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
+            cwd=Path(__file__).resolve().parents[2],  # where `tests` is a package
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             stdin=subprocess.DEVNULL,
         )
@@ -104,7 +106,8 @@ class Zygote:
                 request = json.dumps({"argv": list(argv), "env": env, "cwd": cwd}).encode()
                 socket.send_fds(self._socket, [request], [write_end])
                 if not self._started_event.wait(120) or not self._started:
-                    raise RuntimeError("the test zygote did not fork a server")
+                    code = self._process.poll()
+                    raise RuntimeError(f"the test zygote did not fork a server (exit {code})")
                 pid = self._started.pop()
                 log = open(read_end, encoding="utf-8", errors="replace")  # noqa: SIM115
                 forked = Forked(argv, pid, log)
