@@ -198,6 +198,10 @@ async def test_a_small_real_run(server: Server, transport: Literal["webrtc", "tw
     assert report.server_cpu_s > 0 and report.server_peak_rss_mb > 0
     assert report.cpu_s_per_call_minute is not None and report.cpu_s_per_call_minute > 0
     assert seen and seen[-1] == turns and seen == sorted(seen)
+    # each reply's length from the server's record; how it played, where the phone's own
+    # buffer shows it (Twilio), for every turn
+    assert report.reply_words is not None and report.reply_words.count == turns
+    assert report.playback_turns == (turns if transport == "twilio" else 0)
     assert BenchReport.from_json(report.to_json()) == report
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -65,6 +66,37 @@ async def sim() -> AsyncIterator[Sim]:
 
 def user(text: str) -> list[Any]:
     return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+
+
+async def reply_to(sim: Sim, words: str) -> str:
+    reply = await sim.client.chat.completions.create(
+        model="hotline-sim", messages=user(words), service_tier="priority"
+    )
+    return reply.choices[0].message.content or ""
+
+
+async def test_replies_run_as_long_as_a_real_models_spoken_ones(sim: Sim) -> None:
+    """40-60 words in 2-4 sentences by default (issue 26): the echo, the scripted answer, then
+    sentences from the pool; the same words get the same reply."""
+    asked = ["Book a table for two tonight", "hello", "Where is my order", "My number is 5 5 5"]
+    for words in asked:
+        text = await reply_to(sim, words)
+        sentences = [x for x in re.split(r"(?<=[.?!])\s+", text) if x]
+        assert text.startswith(f"You said: {words}. "), text
+        assert 2 <= len(sentences) <= 4, sentences
+        assert len(sentences) == 4 or 40 <= len(text.split()) <= 60, text
+        assert await reply_to(sim, words) == text
+    sim.settings.reply_sentences = (1, 3)  # the echo and a two-sentence answer are three
+    longer = await reply_to(sim, "Hi there")
+    sim.settings.replies = "short"
+    assert longer == await reply_to(sim, "Hi there")  # nothing added past the maximum
+
+
+async def test_short_replies_stop_after_the_scripted_answer(sim: Sim) -> None:
+    sim.settings.replies = "short"
+    text = await reply_to(sim, "Where is my order")
+    answer = text.removeprefix("You said: Where is my order. ")
+    assert answer in sim.settings.answers, text
 
 
 async def test_chat_stream_echoes_words_tier_and_usage(sim: Sim) -> None:

@@ -94,6 +94,9 @@ def _start_server(extra_env: dict[str, str] | None, timeout_s: float) -> Server:
         # 1.81 s, a warmed one 1.72 s) and costs every start 4 s: a test that times a first
         # call turns it back on.
         "HOTLINE_WARM_UP": "false",
+        # The embedded LLM's short replies (about 25 words, 7 s of speech, not a real model's
+        # 40-60 words): the tests are about what a call does, not how long its replies run.
+        "HOTLINE_SIMULATOR__REPLIES": "short",
         **(extra_env or {}),
     }
     argv = ["serve", "--port", str(port), "--log-level", "info"]

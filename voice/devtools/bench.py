@@ -41,6 +41,7 @@ from voice.devtools.bench_report import (
     match_records,
     summarize,
 )
+from voice.devtools.playback import playback
 from voice.devtools.turns import CallResult
 from voice.server.urls import websocket_url
 
@@ -175,6 +176,15 @@ class _Bench:
         self.done.append(len(result.turns))
         records = await self._records(result.call_id, len(result.turns))
         sample.turns = match_records(result, records, time.time() - time.monotonic())
+        fed = getattr(result, "fed", None)  # the emulated phone's playout: Twilio only
+        if fed:
+            played = playback(result.turns, getattr(result, "playback", []), fed)
+            for turn, heard in zip(sample.turns, played, strict=True):
+                if heard is not None:
+                    turn.gaps, turn.longest_gap_ms = heard.gaps, heard.longest_gap_ms
+                    turn.over_caller_ms = heard.over_caller_ms
+            if self.barge_in_after_ms is not None and len(sample.turns) >= 2:
+                sample.turns[-2].over_caller_ms = None  # the barge-in: over the reply on purpose
         if self.backchannel:  # silenced by it, or answered as a turn of its own
             # Not the record's `interrupted`: the caller's hang-up also cuts a reply that
             # resumed (under load a gap between sentences passes for its end).

@@ -28,6 +28,11 @@ class TurnSample:
 
     voice_to_voice_ms: float | None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    reply_words: int | None = None  # the server's record of the reply: words the caller heard
+    # How the reply played (voice/devtools/playback.py; None: not measured on this transport).
+    gaps: int | None = None  # dry spells over 100 ms after it began
+    longest_gap_ms: float | None = None
+    over_caller_ms: float | None = None  # reply audio while the caller said its next words
 
 
 @dataclass
@@ -118,6 +123,12 @@ class BenchReport:
     # that stopped for good (target: at most BACKCHANNEL_TARGET of them); else None.
     backchannels: int | None = None
     backchannel_stops: int | None = None
+    # Replies: their length (words the caller heard), and how they played where measured.
+    reply_words: Stats | None = None
+    playback_turns: int = 0  # turns whose playback was measured
+    gap_turns: int = 0  # of those, with a gap (a dry spell over 100 ms)
+    longest_gap_ms: float | None = None
+    over_caller_turns: int = 0  # of those, with reply audio over the caller's next words
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -127,8 +138,9 @@ class BenchReport:
         data = json.loads(text)
         data["voice_to_voice_ms"] = Stats(**data["voice_to_voice_ms"])
         data["parts_ms"] = {name: Stats(**part) for name, part in data["parts_ms"].items()}
-        if data.get("barge_in_stop_ms") is not None:
-            data["barge_in_stop_ms"] = Stats(**data["barge_in_stop_ms"])
+        for name in ("barge_in_stop_ms", "reply_words"):
+            if data.get(name) is not None:
+                data[name] = Stats(**data[name])
         data["samples"] = [
             CallSample(**{**call, "turns": [TurnSample(**turn) for turn in call["turns"]]})
             for call in data["samples"]
@@ -161,6 +173,15 @@ class BenchReport:
             cost += (
                 f"\nbarge-in: p95 {self.barge_in_stop_ms.p95:.0f} ms from the caller's onset to "
                 f"silence, {within} the {BARGE_IN_TARGET_MS:.0f} ms target"
+            )
+        words = self.reply_words
+        if words is not None and words.p50 is not None:
+            cost += f"\nreplies: p50 {words.p50:.0f} words (max {_number(words.max)})"
+        if self.playback_turns:
+            cost += (
+                f"\nplayback: {self.gap_turns} of {self.playback_turns} turns with a gap over "
+                f"100 ms (longest {_number(self.longest_gap_ms)} ms); reply audio over the "
+                f"caller in {self.over_caller_turns}"
             )
         if self.backchannels:
             stops = self.backchannel_stops or 0
@@ -219,7 +240,22 @@ def summarize(
         else None,
         backchannels=len(said) if said else None,
         backchannel_stops=sum(said) if said else None,
+        **_replies([t for call in samples for t in call.turns]),
     )
+
+
+def _replies(turns: list[TurnSample]) -> dict[str, Any]:
+    """The report's reply figures from its turns."""
+    words = [t.reply_words for t in turns if t.reply_words is not None]
+    measured = [t for t in turns if t.gaps is not None]
+    longest = [t.longest_gap_ms for t in measured if t.longest_gap_ms]
+    return {
+        "reply_words": stats([float(w) for w in words]) if words else None,
+        "playback_turns": len(measured),
+        "gap_turns": sum(bool(t.gaps) for t in measured),
+        "longest_gap_ms": max(longest) if longest else None,
+        "over_caller_turns": sum(bool(t.over_caller_ms) for t in measured),
+    }
 
 
 def match_records(
@@ -246,5 +282,7 @@ def match_records(
         v2v = turn.voice_to_voice_ms
         if v2v is not None and "first_audio" in timings:
             timings[DELIVERY] = round(v2v - timings["first_audio"], 1)
-        samples.append(TurnSample(v2v, timings))
+        reply = (record or {}).get("reply_text")
+        words = len(str(reply).split()) if reply is not None else None
+        samples.append(TurnSample(v2v, timings, words))
     return samples

@@ -74,6 +74,7 @@ class PhoneCallResult(CallResult):
     received: list[ServerMessage] = field(default_factory=list)
     marks_echoed: list[tuple[float, str]] = field(default_factory=list)  # (sent at, name)
     playback: list[tuple[float, bool]] = field(default_factory=list)  # (played at, audible)
+    fed: list[bool] = field(default_factory=list)  # per playback tick: the buffer had audio
     violations: list[str] = field(default_factory=list)  # what Twilio would have refused
     rejected: str | None = None  # the webhook's TwiML turned the call away (what it said)
     # After the server ended the stream: the verb `<Connect action>` answered (Dial, Hangup),
@@ -113,6 +114,7 @@ class TwilioPhone:
         self._mic: deque[tuple[list[PCM], asyncio.Future[list[float]], list[float]]] = deque()
         self._keys: deque[tuple[str, asyncio.Future[None] | None]] = deque()
         self._playout: deque[PCM] = deque()
+        self._fed: list[bool] = []  # per tick played: whether the buffer had audio for it
         self._queued = 0  # reply samples received (the position after the last one)
         self._played = 0  # reply samples whose playing has finished
         self._playing = 0  # samples in the frame playing now
@@ -245,6 +247,7 @@ class TwilioPhone:
             else:
                 self._playout[0] = head[take:]
         self._playing = filled
+        self._fed.append(filled > 0)
         self.ear.record(now, rms(frame) > AUDIBLE_RMS, self._to_reply_rate(frame))
 
     async def _echo(self, name: str) -> None:
@@ -326,6 +329,7 @@ class TwilioPhone:
             received=self.received,
             marks_echoed=self.marks_echoed,
             playback=list(self.ear.frames),
+            fed=list(self._fed),
             violations=self.violations,
         )
         if barge_in:

@@ -17,6 +17,21 @@ DEFAULT_ANSWERS = [
     "Good question. The short answer is yes, and I can walk you through the next step.",
     "Okay, I have that down. What is the best number to reach you on?",
 ]
+# What a real model's spoken replies are made of beyond the first sentence: 14-20 words each.
+REPLY_SENTENCES = [
+    "I have pulled up your account, and everything on our side looks to be in good order.",
+    "If anything changes before then, we will send you a text message and an email as well.",
+    "Most requests like this are handled within one business day, often a good deal sooner.",
+    "You can also manage this yourself online, under the settings page of your account.",
+    "The team that looks after this is in the office until six this evening, Monday to Friday.",
+    "I will stay on the line while the change goes through, so you know it has worked.",
+    "There is no charge for this, and it will not affect anything else on your plan.",
+    "Just so you know, this call may be recorded to help us improve the service we give.",
+    "If it is easier, I can also call you back later today at a time that suits you.",
+    "Please keep your reference number handy, as you may be asked for it if you call again.",
+    "The next available appointment is on Thursday morning, and there is another one on Friday.",
+    "Once that is done, you should see the update on your next statement at the latest.",
+]
 STARTUP_NOTICE = (
     "LLM replies are SIMULATED by Hotline's tier simulator: no language model is running; the "
     "agent repeats what it heard plus a scripted sentence. To use a real OpenAI-compatible "
@@ -99,6 +114,23 @@ class SimulatorSettings(BaseModel):
         "Cerebras (`reasoning`) or DeepSeek/vLLM (`reasoning_content`) do.",
     )
     answers: list[str] = Field(default_factory=lambda: list(DEFAULT_ANSWERS), min_length=1)
+    replies: Literal["realistic", "short"] = Field(
+        default="realistic",
+        description="realistic: 'You said: <words>.', a scripted answer, then sentences as a "
+        "real model's spoken replies run on, to reply_sentences and reply_words; short: only "
+        "'You said: <words>.' and the scripted answer (about 2 s of speech).",
+    )
+    reply_words: tuple[int, int] = Field(
+        default=(40, 60), description="Realistic replies: words, at least and at most."
+    )
+    reply_sentences: tuple[int, int] = Field(
+        default=(2, 4), description="Realistic replies: sentences, at least and at most."
+    )
+    reply_pool: list[str] = Field(
+        default_factory=lambda: list(REPLY_SENTENCES),
+        min_length=1,
+        description="Realistic replies: the sentences they go on with.",
+    )
     seed: int | None = Field(default=None, description="Seed for jitter and failure draws.")
 
     @model_validator(mode="after")

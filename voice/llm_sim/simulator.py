@@ -1,8 +1,10 @@
 """OpenAI-compatible tier simulator: Hotline's embedded default LLM.
 
-No model runs here. Each request is answered with ``You said: <the caller's words>.`` and a
-short scripted sentence (or, with tools, with tool calls or what their results came to:
-`voice.llm_sim.tools`), paced like a real provider: the profile chosen by ``service_tier`` sets
+No model runs here. Each request is answered with ``You said: <the caller's words>.``, a
+scripted answer and, by default, sentences as a real model's spoken replies run on (40-60 words
+in 2-4 sentences: `SimulatorSettings.replies`; "short" stops after the answer). With tools it
+answers with tool calls or what their results came to (`voice.llm_sim.tools`). Replies are
+paced like a real provider: the profile chosen by ``service_tier`` sets
 the time to first token and the output speed; the reasoning effort adds hidden reasoning tokens,
 "generated" at that speed before the first visible token. Streams are what the ``openai`` SDK
 parses: Chat Completions chunks ending in ``[DONE]``, and the Responses event sequence.
@@ -18,6 +20,7 @@ import contextlib
 import hashlib
 import logging
 import random
+import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -97,10 +100,32 @@ def _heard(messages: list[tuple[str, str]]) -> str:
     return heard.rstrip(" .!?,;:")
 
 
-def _reply_words(heard: str, answers: list[str]) -> list[str]:
-    digest = hashlib.sha256(heard.encode()).digest()
-    answer = answers[int.from_bytes(digest[:4], "big") % len(answers)]
-    return (f"You said: {heard}. {answer}" if heard else answer).split()
+_SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
+
+
+def _reply_words(heard: str, s: SimulatorSettings) -> list[str]:
+    """'You said: <heard>.' and a scripted answer (chosen by the words, so the same words get
+    the same reply); realistic replies go on with sentences of `reply_pool` until they have
+    reply_words[0] words and reply_sentences[0] sentences, adding none that would take them
+    past either maximum."""
+    digest = int.from_bytes(hashlib.sha256(heard.encode()).digest()[:4], "big")
+    answer = s.answers[digest % len(s.answers)]
+    first = f"You said: {heard}. {answer}" if heard else answer
+    if s.replies == "short":
+        return first.split()
+    sentences = [x for x in _SENTENCE_END.split(first) if x]
+    words = sum(len(x.split()) for x in sentences)
+    (least, most), (fewest, cap) = s.reply_words, s.reply_sentences
+    pool = s.reply_pool
+    for offset in range(len(pool)):
+        if len(sentences) >= cap or (words >= least and len(sentences) >= fewest):
+            break
+        more = pool[(digest + offset) % len(pool)]
+        if words + len(more.split()) > most and len(sentences) >= fewest:
+            continue  # too long to add: a shorter one may fit
+        sentences.append(more)
+        words += len(more.split())
+    return " ".join(sentences).split()
 
 
 # ---------------------------------------------------------------- the app
@@ -152,7 +177,7 @@ class _Simulator:
             raise BadRequest(f"Invalid '{param}': integer below minimum value 1.", param)
         heard = _heard(request.messages)
         replied = tool_reply(heard, request.tools, outputs, request.parallel_tool_calls)
-        words = _reply_words(heard, s.answers) if replied is None else replied.text.split()
+        words = _reply_words(heard, s) if replied is None else replied.text.split()
         cap = request.max_tokens if request.max_tokens is not None else 1 << 30
         reasoning = min(s.reasoning_tokens[effort], cap)
         visible = min(len(words), cap - reasoning)
