@@ -39,3 +39,18 @@ def test_reply_audio_while_the_caller_speaks_again_is_counted() -> None:
     [first, _] = playback(turns, played, fed)
     assert first is not None and first.over_caller_ms == 60.0  # ticks 4, 5, 6
     assert first.gaps == 0
+
+
+def test_a_reply_cut_by_the_caller_after_going_quiet_had_a_gap_there() -> None:
+    """The line went quiet mid-reply; the caller took it for the end and spoke: the server's
+    record says the reply was cut, so the quiet before the caller's words was a gap."""
+    pattern = "AAAA" + "." * 40  # 800 ms dry, then the caller speaks
+    played, fed = ticks(pattern)
+    turns = [
+        CallerTurn(onset=-1.0, speech_end=-0.5, reply_start=0.0),
+        CallerTurn(onset=len(pattern) * TICK, speech_end=len(pattern) * TICK + 1),
+    ]
+    [whole, _] = playback(turns, played, fed, cut=[False, False])
+    [cut, _] = playback(turns, played, fed, cut=[True, False])
+    assert whole is not None and whole.gaps == 0  # a reply that ended: its end is no gap
+    assert cut == Playback(gaps=1, longest_gap_ms=800.0, over_caller_ms=0.0)

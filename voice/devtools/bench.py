@@ -178,7 +178,8 @@ class _Bench:
         sample.turns = match_records(result, records, time.time() - time.monotonic())
         fed = getattr(result, "fed", None)  # the emulated phone's playout: Twilio only
         if fed:
-            played = playback(result.turns, getattr(result, "playback", []), fed)
+            cut = [bool(turn.cut) for turn in sample.turns]
+            played = playback(result.turns, getattr(result, "playback", []), fed, cut)
             for turn, heard in zip(sample.turns, played, strict=True):
                 if heard is not None:
                     turn.gaps, turn.longest_gap_ms = heard.gaps, heard.longest_gap_ms

@@ -29,6 +29,7 @@ class TurnSample:
     voice_to_voice_ms: float | None
     timings_ms: dict[str, float] = field(default_factory=dict)
     reply_words: int | None = None  # the server's record of the reply: words the caller heard
+    cut: bool | None = None  # the server's record: the caller's next words cut the reply short
     # How the reply played (voice/devtools/playback.py; None: not measured on this transport).
     gaps: int | None = None  # dry spells over 100 ms after it began
     longest_gap_ms: float | None = None
@@ -284,5 +285,6 @@ def match_records(
             timings[DELIVERY] = round(v2v - timings["first_audio"], 1)
         reply = (record or {}).get("reply_text")
         words = len(str(reply).split()) if reply is not None else None
-        samples.append(TurnSample(v2v, timings, words))
+        cut = bool(record["interrupted"]) if record and "interrupted" in record else None
+        samples.append(TurnSample(v2v, timings, words, cut))
     return samples

@@ -3,8 +3,10 @@
 A phone plays what it is sent from a buffer, 20 ms a tick (`voice.devtools.phone_caller`); a
 tick the buffer had nothing for is dry. A reply has a gap where it ran dry for more than
 `GAP_MS` after it began and before its last audio (the stutter a caller hears when a sentence
-is not synthesised in time); a reply is over the caller by the audible reply audio that played
-while the caller said its next utterance.
+is not synthesised in time), or, for a reply the caller cut short (the server's record says
+so), before the caller spoke again: a caller who hears the line go quiet takes it for the end
+of the reply. A reply is over the caller by the audible reply audio that played while the
+caller said its next utterance.
 
 Measured where the buffer is the caller's own (the emulated Twilio phone: the server sends
 nothing while it has nothing to say). Over WebRTC and SIP the server fills its silences with
@@ -33,10 +35,14 @@ class Playback:
 
 
 def playback(
-    turns: Sequence[CallerTurn], ticks: Sequence[tuple[float, bool]], fed: Sequence[bool]
+    turns: Sequence[CallerTurn],
+    ticks: Sequence[tuple[float, bool]],
+    fed: Sequence[bool],
+    cut: Sequence[bool] = (),
 ) -> list[Playback | None]:
     """Per caller turn, how its reply played (None: no reply). `ticks`: (time, audible) of
-    each 20 ms the phone played; `fed`: whether its buffer had audio for that tick."""
+    each 20 ms the phone played; `fed`: whether its buffer had audio for that tick; `cut`: per
+    turn, whether its reply was cut short by the caller's next words."""
     played = list(zip(ticks, fed, strict=True))
     result: list[Playback | None] = []
     for index, turn in enumerate(turns):
@@ -47,6 +53,9 @@ def playback(
         until = following.onset if following is not None else math.inf
         window = [had for (at, _), had in played if turn.reply_start <= at < until]
         last = max((i for i, had in enumerate(window) if had), default=-1)
+        if index < len(cut) and cut[index] and following is not None:
+            last = len(window)  # it went quiet before the caller spoke: a gap, not its end
+            window.append(True)
         spells, run = [], 0
         for had in window[: last + 1]:
             if had:
