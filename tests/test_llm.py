@@ -16,12 +16,12 @@ from starlette.applications import Starlette
 from pipeline.llm.client import ChatMessage, LLMClient
 from pipeline.llm.errors import LLMError
 from pipeline.llm.settings import DEFAULT_SYSTEM_PROMPT, LLMSettings
+from voice.llm_sim.serving import running_simulator
 from voice.llm_sim.simulator import (
     SimulatorSettings,
     SimulatorStats,
     TierProfile,
     create_simulator_app,
-    running_simulator,
     simulator_settings,
     simulator_stats,
 )

@@ -32,7 +32,7 @@ from tests.support.routing import (
     rig_for,
     speak,
 )
-from voice.llm_sim.simulator import running_simulator
+from voice.llm_sim.serving import running_simulator
 
 Api = Literal["chat", "responses"]
 # What OpenAI answers a model that does not take the effort.

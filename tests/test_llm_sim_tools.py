@@ -29,11 +29,11 @@ from openai.types.responses import (
 
 from pipeline.tools import ToolSpec
 from voice.llm_sim.requests import OfferedTool
+from voice.llm_sim.serving import running_simulator
 from voice.llm_sim.simulator import (
     SimulatorSettings,
     TierProfile,
     create_simulator_app,
-    running_simulator,
 )
 from voice.llm_sim.tools import ToolOutput, result_sentence, spoken_numbers, tool_reply
 

@@ -34,12 +34,12 @@ from tests.support.routing import (
     rig_for,
     speak,
 )
+from voice.llm_sim.serving import running_simulator
 from voice.llm_sim.simulator import (
     SimulatorSettings,
     SimulatorStats,
     TierProfile,
     create_simulator_app,
-    running_simulator,
     simulator_stats,
 )
 

@@ -33,7 +33,7 @@ from tests.support.routing import (
     rig_for,
     speak,
 )
-from voice.llm_sim.simulator import running_simulator
+from voice.llm_sim.serving import running_simulator
 
 
 @pytest.fixture

@@ -15,12 +15,12 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 from starlette.applications import Starlette
 
+from voice.llm_sim.serving import running_simulator
 from voice.llm_sim.simulator import (
     SimulatorSettings,
     SimulatorStats,
     TierProfile,
     create_simulator_app,
-    running_simulator,
     simulator_settings,
     simulator_stats,
 )

@@ -17,12 +17,12 @@ from pipeline.llm.decision import Decision
 from pipeline.llm.routing import CallRouter, Policy, RoutedReply, TierRouter
 from pipeline.llm.settings import ControllerSettings, LLMSettings
 from pipeline.llm.tiers import LLMTier
+from voice.llm_sim.serving import running_simulator
 from voice.llm_sim.simulator import (
     SimulatorSettings,
     SimulatorStats,
     TierProfile,
     create_simulator_app,
-    running_simulator,
     simulator_settings,
     simulator_stats,
 )

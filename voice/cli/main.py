@@ -264,7 +264,7 @@ def llm_sim(
     log_level: Annotated[str, typer.Option()] = "info",
 ) -> None:
     """Run the OpenAI-compatible tier simulator on its own (replies are simulated)."""
-    from voice.llm_sim.simulator import serve_simulator
+    from voice.llm_sim.serving import serve_simulator
 
     setup_logging(log_level)
     serve_simulator(host, port)

@@ -54,11 +54,11 @@ from pipeline.turns import TurnSettings
 from voice.audio import frames, resample
 from voice.experiments.arms import Arm, Experiment
 from voice.experiments.recorded import RecordedCall, RecordingSplit, load_recorded_calls
+from voice.llm_sim.serving import running_simulator
 from voice.llm_sim.simulator import (
     SimulatorSettings,
     change_tier,
     create_simulator_app,
-    running_simulator,
 )
 
 log = logging.getLogger(__name__)

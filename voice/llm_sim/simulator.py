@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import random
-import re
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from voice.llm_sim.replies import heard_words, reply_words
 from voice.llm_sim.requests import (
     BadRequest,
     json_body,
@@ -94,40 +91,6 @@ class SimulatorStats:
                 await self._changed.wait()
 
 
-def _heard(messages: list[tuple[str, str]]) -> str:
-    """The caller's latest words."""
-    heard = next((" ".join(t.split()) for role, t in reversed(messages) if role == "user"), "")
-    return heard.rstrip(" .!?,;:")
-
-
-_SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
-
-
-def _reply_words(heard: str, s: SimulatorSettings) -> list[str]:
-    """'You said: <heard>.' and a scripted answer (chosen by the words, so the same words get
-    the same reply); realistic replies go on with sentences of `reply_pool` until they have
-    reply_words[0] words and reply_sentences[0] sentences, adding none that would take them
-    past either maximum."""
-    digest = int.from_bytes(hashlib.sha256(heard.encode()).digest()[:4], "big")
-    answer = s.answers[digest % len(s.answers)]
-    first = f"You said: {heard}. {answer}" if heard else answer
-    if s.replies == "short":
-        return first.split()
-    sentences = [x for x in _SENTENCE_END.split(first) if x]
-    words = sum(len(x.split()) for x in sentences)
-    (least, most), (fewest, cap) = s.reply_words, s.reply_sentences
-    pool = s.reply_pool
-    for offset in range(len(pool)):
-        if len(sentences) >= cap or (words >= least and len(sentences) >= fewest):
-            break
-        more = pool[(digest + offset) % len(pool)]
-        if words + len(more.split()) > most and len(sentences) >= fewest:
-            continue  # too long to add: a shorter one may fit
-        sentences.append(more)
-        words += len(more.split())
-    return " ".join(sentences).split()
-
-
 # ---------------------------------------------------------------- the app
 
 
@@ -175,9 +138,9 @@ class _Simulator:
         if request.max_tokens is not None and request.max_tokens < 1:
             param = "max_completion_tokens" if request.api == "chat" else "max_output_tokens"
             raise BadRequest(f"Invalid '{param}': integer below minimum value 1.", param)
-        heard = _heard(request.messages)
+        heard = heard_words(request.messages)
         replied = tool_reply(heard, request.tools, outputs, request.parallel_tool_calls)
-        words = _reply_words(heard, s) if replied is None else replied.text.split()
+        words = reply_words(heard, s) if replied is None else replied.text.split()
         cap = request.max_tokens if request.max_tokens is not None else 1 << 30
         reasoning = min(s.reasoning_tokens[effort], cap)
         visible = min(len(words), cap - reasoning)
@@ -382,63 +345,3 @@ def simulator_settings(app: Starlette) -> SimulatorSettings:
     """The live settings of a simulator app (changes apply to the next request)."""
     sim: _Simulator = app.state.simulator
     return sim.settings
-
-
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn inside someone else's event loop: leave the process's signal handlers alone."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-@contextlib.asynccontextmanager
-async def running_simulator(
-    settings: SimulatorSettings | None = None,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    *,
-    app: Starlette | None = None,
-) -> AsyncIterator[str]:
-    """Serve the simulator (or the given simulator ``app``) in the current event loop.
-
-    Yields the base URL, e.g. ``http://127.0.0.1:41234/v1``; stops the server on exit.
-    """
-    if app is None:
-        app = create_simulator_app(settings)
-    elif settings is not None:
-        raise ValueError("pass settings or app, not both")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose proto
-    # says TCP; with proto 0, Nagle + delayed ACKs add ~40 ms to every request.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    sock.setblocking(False)
-    url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
-    # log_config=None: leave the host's logging configuration (and access log) alone
-    config = uvicorn.Config(app, log_config=None, lifespan="on", timeout_graceful_shutdown=2)
-    server = _EmbeddedServer(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(10):
-            while not server.started:  # uvicorn offers no startup event to await
-                if task.done():
-                    task.result()
-                    raise RuntimeError("the simulator stopped during startup")
-                await asyncio.sleep(0.005)
-        log.info("LLM simulator listening on %s", url)
-        yield url
-    finally:
-        server.should_exit = True
-        try:
-            await task
-        finally:
-            sock.close()
-
-
-def serve_simulator(host: str, port: int, settings: SimulatorSettings | None = None) -> None:
-    """Run the simulator until interrupted (``hotline llm-sim --port N``)."""
-    log.warning("LLM simulator at http://%s:%d/v1", host, port)
-    uvicorn.run(create_simulator_app(settings), host=host, port=port, log_level="info")

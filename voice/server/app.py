@@ -30,7 +30,7 @@ from voice.cluster.records import WorkerInfo
 from voice.cluster.registry import CallRegistry
 from voice.cluster.webhooks import WebhookOutbox
 from voice.experiments.arms import load_experiment
-from voice.llm_sim.simulator import running_simulator
+from voice.llm_sim.serving import running_simulator
 from voice.recordings.calls import CallRecordings
 from voice.server import metrics
 from voice.server.api import APIError, api_error_response

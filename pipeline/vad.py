@@ -1,0 +1,85 @@
+"""Silero VAD v6 over a stream: the speech probability of each 32 ms window.
+
+The network that faster-whisper ships (`faster_whisper/assets/silero_vad_v6.onnx`) runs under
+onnxruntime: one `InferenceSession` per process, shared by every call (onnxruntime's `run` is
+thread-safe). Each `SpeechProbability` holds one stream's state: the LSTM state (h, c) and the
+64-sample context that Silero v5/v6 prepends to each 512-sample window. The turn detector
+(`pipeline.turns`) decides turns from these probabilities.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+WINDOW = 512  # samples per Silero window at 16 kHz (32 ms)
+CONTEXT = 64  # samples of the previous window prepended to each window (Silero v5/v6)
+
+_session: ort.InferenceSession | None = None
+_session_lock = threading.Lock()
+
+
+def vad_model_path() -> Path:
+    """The Silero VAD ONNX file bundled with faster-whisper."""
+    from faster_whisper.utils import get_assets_path
+
+    return Path(get_assets_path()) / "silero_vad_v6.onnx"
+
+
+def vad_session() -> ort.InferenceSession:
+    """The process-wide Silero session (loaded once, ~20 ms)."""
+    global _session
+    with _session_lock:
+        if _session is None:
+            options = ort.SessionOptions()
+            options.inter_op_num_threads = 1
+            options.intra_op_num_threads = 1
+            options.log_severity_level = 4
+            _session = ort.InferenceSession(
+                str(vad_model_path()), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        return _session
+
+
+class SpeechProbability:
+    """Silero over a stream: feed it 512-sample windows, get each window's speech probability.
+
+    Once Silero has judged the stream silent (probability below `silent_below`), a quiet window
+    (every sample below `quiet_floor`, int16 scale) keeps that verdict without running the
+    network, and the network's state stays that of the last window it heard: a quiet line (a
+    caller listening to the reply, digital silence between words) costs next to nothing.
+    Resetting the state instead lost Silero's memory of the speech just before a pause and split
+    more turns (14% against 10% at 500 ms in the endpoint study; kept, 6%).
+    """
+
+    def __init__(self, quiet_floor: int = 0, silent_below: float = 0.0) -> None:
+        self._session = vad_session()
+        self._quiet = quiet_floor / 32768.0
+        self._silent_below = silent_below
+        self.runs = 0  # windows Silero ran on
+        self.reset()
+
+    def reset(self) -> None:
+        self._h = np.zeros((1, 1, 128), dtype=np.float32)
+        self._c = np.zeros((1, 1, 128), dtype=np.float32)
+        self._context = np.zeros(CONTEXT, dtype=np.float32)
+        self._last = 0.0  # the latest window's probability
+
+    def __call__(self, window: np.ndarray) -> float:
+        """`window`: 512 float32 samples in [-1, 1]."""
+        if (
+            self._quiet
+            and self._last < self._silent_below
+            and float(np.abs(window).max()) < self._quiet
+        ):
+            self._context = window[-CONTEXT:]
+            return self._last
+        x = np.concatenate([self._context, window])[np.newaxis, :]
+        prob, self._h, self._c = self._session.run(None, {"input": x, "h": self._h, "c": self._c})
+        self._context = window[-CONTEXT:]
+        self.runs += 1
+        self._last = float(prob[0])
+        return self._last
