@@ -40,6 +40,7 @@ from pipeline.endpoint import leaves_hanging
 from pipeline.keypad import Keypad
 from pipeline.llm.client import ChatMessage
 from pipeline.llm.errors import LLMError
+from pipeline.long_turns import LongTurns
 from pipeline.opening import NOTICE_ATTEMPTS, Notice, announce
 from pipeline.records import TurnClock, TurnRecord
 from pipeline.replies import (
@@ -126,12 +127,13 @@ class Conversation:
         `turn_model` judges each pause (`pipeline.turn_taking.end_of_turn`); None: none."""
         self.call_id = call_id
         self.transport = transport
-        self.stt = stt
         self.llm = llm
         attempts = notice_attempts
         self.notice = Notice(call_id, notice, transport, self._emit, attempts, sentence_settings)
         self.tts = self.notice.voice(tts)  # the notice synthesised once, however often said
         self.settings = settings or ConversationSettings()
+        piece_s = self.settings.long_turn_piece_s
+        self.stt = LongTurns(stt, piece_s) if piece_s else stt  # long turns piece by piece
         self.sentence_settings = sentence_settings
         self.detector = TurnDetector(turn_settings)
         self.history: list[ChatMessage] = []
@@ -156,6 +158,7 @@ class Conversation:
         self.end_reason: str | None = None  # why the call ended, as the transport said
         # Transcription started when the caller paused, by the audio position where speech ended.
         self._early: _Early | None = None
+        self._skipped_at: int | None = None  # the pause where that was skipped (STT busy)
         self._speculation: Speculation | None = None  # a reply begun at that pause, held
         self.speculations_discarded = 0  # in the whole call
         self._discarded_in_turn = 0  # since the last turn record
@@ -308,6 +311,11 @@ class Conversation:
         self._discard_speculation("the caller paused again")
         self._drop_early()
         audio = self._caller_audio(pause.audio)
+        if self.stt.busy:  # optional work: the recognizer's line is for finished turns now
+            log.info("call %s: recognizer busy, no early transcription at this pause", self.call_id)
+            self._skipped_at = pause.end_position
+            self._end_of_turn.pause(pause.end_position, audio, None)
+            return
         urgency = Urgency()  # behind finished turns' transcriptions, until its turn ends here
         task = asyncio.create_task(self.stt.transcribe(audio, urgency))
         self._early = _Early(pause.end_position, task, urgency)
@@ -377,6 +385,7 @@ class Conversation:
         self._drop_early()
         clock = TurnClock(segment.speech_ended_at, segment.judgement)
         clock.mark("endpoint", segment.detected_at)
+        clock.early_skipped = self._skipped_at == segment.end_position
         audio = self._caller_audio(segment.audio)
         if self._unheard is not None and self._unheard.transcript is not None:
             self._unheard.transcript.cancel()  # its audio is transcribed again, with this turn's
@@ -404,6 +413,7 @@ class Conversation:
             raise
         clock = unheard.clock
         clock.mark("stt")
+        clock.stt_earlier_s = transcript.earlier_s
         if self._unheard is unheard:
             self._unheard = None
         carried = self._carried.caller_text if self._carried is not None else ""

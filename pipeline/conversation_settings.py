@@ -26,4 +26,8 @@ class ConversationSettings(BaseModel):
     # Start the reply at the caller's pause (LLM request, first chunk synthesised), and speak
     # it the moment the turn ends there (pipeline/speculation.py). Off: reply at the endpoint.
     speculate: bool = True
+    # A long turn is transcribed piece by piece while the caller speaks: at a pause, once this
+    # much of its audio is new, its words are kept, and the turn's end decodes only the rest
+    # (pipeline/long_turns.py). 0: every transcription covers the whole turn.
+    long_turn_piece_s: float = Field(default=6.0, ge=0.0)
     barge_in: BargeInSettings = Field(default_factory=BargeInSettings)  # speech over the reply

@@ -33,6 +33,8 @@ class TurnClock:
     def __init__(self, speech_ended_at: float, judgement: EndJudgement | None = None) -> None:
         self.zero = speech_ended_at
         self.judgement = judgement
+        self.stt_earlier_s = 0.0  # the transcript's `earlier_s`: kept from earlier pauses
+        self.early_skipped = False  # no early transcription at the turn's last pause (busy)
         self._marks: dict[str, float] = {}
 
     def mark(self, stage: str, at: float | None = None) -> None:
@@ -103,6 +105,12 @@ class TurnRecord:
     # came before the timeout) and the silence the policy chose there (None: no judgement).
     turn_score: float | None = None
     turn_delay_ms: int | None = None
+    # Of the caller's audio, the seconds transcribed at the turn's earlier pauses, whose words
+    # were kept (`pipeline.long_turns`): after the turn ended, only the rest was transcribed.
+    stt_earlier_s: float = 0.0
+    # The recognizer was busy at the pause that ended the turn, so the early (speculative)
+    # transcription there was skipped: the words were transcribed once the turn had ended.
+    stt_early_skipped: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

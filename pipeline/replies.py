@@ -102,6 +102,8 @@ def answered_record(
         tools_ms=rounds_ms(reply.rounds) if reply.rounds else None,
         turn_score=clock.turn_score,
         turn_delay_ms=clock.turn_delay_ms,
+        stt_earlier_s=round(clock.stt_earlier_s, 2),
+        stt_early_skipped=clock.early_skipped,
     )
 
 
@@ -126,6 +128,8 @@ def unanswered_record(
         arm=llm.arm,
         turn_score=clock.turn_score,
         turn_delay_ms=clock.turn_delay_ms,
+        stt_earlier_s=round(clock.stt_earlier_s, 2),
+        stt_early_skipped=clock.early_skipped,
     )
 
 

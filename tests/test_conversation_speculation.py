@@ -93,6 +93,23 @@ async def test_a_reply_begun_at_the_pause_is_heard_as_the_turn_ends() -> None:
     assert gaps[True] < gaps[False] / 2, gaps
 
 
+async def test_a_busy_recognizer_skips_the_pause_and_transcribes_the_ended_turn() -> None:
+    speech = concat(silence(200), espeak("A table for two at seven please"), silence(1400))
+    stt_after_endpoint = {}
+    for busy in (True, False):
+        stt = ScriptedSTT(["table for two"], delay_s=0.2)
+        stt.busy = busy  # transcriptions queueing (other calls' finished turns)
+        llm = ScriptedLLM(["Sure."])
+        conversation, _ = await one_turn(speech, stt, llm, speculate=True)
+        [record] = conversation.records
+        assert record.caller_text == "table for two" and len(stt.called_at) == 1
+        assert record.stt_early_skipped is busy
+        assert record.speculative is not busy  # no transcript at the pause: nothing to begin
+        stt_after_endpoint[busy] = record.timings_ms["stt"] - record.timings_ms["endpoint"]
+    # Skipped at the pause, the words were transcribed (200 ms here) after the turn ended.
+    assert stt_after_endpoint[True] >= 200 > stt_after_endpoint[False], stt_after_endpoint
+
+
 async def test_speaking_on_after_a_pause_discards_the_reply_begun_there() -> None:
     speech = concat(
         silence(200), espeak("I would like a table"), silence(150), espeak("for two"), silence(1400)

@@ -47,6 +47,8 @@ class Hears:
         self.text = text
         self.delay_s = delay_s
 
+    busy = False  # never queueing
+
     async def transcribe(self, audio: PCM, urgent: bool | Urgency = True) -> Transcript:
         await asyncio.sleep(self.delay_s)
         return Transcript(self.text, len(audio) / SAMPLE_RATE, self.delay_s)

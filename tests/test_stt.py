@@ -74,6 +74,16 @@ async def test_concurrent_turns_all_get_their_own_text(tiny: SpeechToText) -> No
     assert {"time", "open", "tomorrow"} <= words(results[2].text)
 
 
+async def test_busy_while_as_many_transcriptions_wait_as_run(tiny: SpeechToText) -> None:
+    workers = tiny.settings.workers
+    assert not tiny.busy
+    jobs = [asyncio.create_task(tiny.transcribe(turn("Yes please"))) for _ in range(2 * workers)]
+    await asyncio.sleep(0)  # each job has taken a worker or joined the line
+    assert tiny.busy and tiny.scheduler.waiting == workers
+    await asyncio.gather(*jobs)
+    assert not tiny.busy
+
+
 def test_shared_returns_one_model_per_settings(tiny: SpeechToText) -> None:
     assert SpeechToText.shared() is tiny
     assert SpeechToText.shared(STTSettings()) is tiny

@@ -160,10 +160,11 @@ class EndOfTurn:
         self,
         end_position: int,
         audio: npt.NDArray[np.int16],
-        transcript: asyncio.Task[Transcript],
+        transcript: asyncio.Task[Transcript] | None,
     ) -> PauseJudgement:
         """Judge the pause at `end_position`: `audio` is the turn so far, `transcript` its
-        early transcription. An earlier pause still being judged is dropped."""
+        early transcription (None: skipped). An earlier pause still being judged is
+        dropped."""
         self.close()
         answers: list[EndJudgement] = []
         scoring = asyncio.create_task(self._score(audio))
@@ -192,7 +193,7 @@ class EndOfTurn:
         self,
         end_position: int,
         scoring: asyncio.Task[TurnScore | None],
-        transcript: asyncio.Task[Transcript],
+        transcript: asyncio.Task[Transcript] | None,
         answers: list[EndJudgement],
     ) -> EndJudgement | None:
         """Ask the policy as each of the score and the transcript arrives, and tell the
@@ -202,7 +203,7 @@ class EndOfTurn:
         text: str | None = None
         judgement: EndJudgement | None = None
         waiting: set[asyncio.Task[TurnScore | None] | asyncio.Task[Transcript]]
-        waiting = {scoring, transcript}
+        waiting = {scoring} if transcript is None else {scoring, transcript}
         while waiting:  # never cancels the transcription
             done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             if scoring in done and not scoring.cancelled():

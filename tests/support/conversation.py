@@ -37,6 +37,8 @@ class ScriptedSTT:
         self.called_at: list[float] = []
         self.finished_at: list[float] = []
 
+    busy = False  # never queueing
+
     async def transcribe(self, audio: PCM, urgent: bool | Urgency = True) -> Transcript:
         self.called_at.append(time.monotonic())
         await asyncio.sleep(self.delay_s)

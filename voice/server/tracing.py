@@ -326,6 +326,8 @@ def _stage_attributes(name: str, record: TurnRecord) -> dict[str, AttributeValue
     values: dict[str, AttributeValue | None] = {}
     if name == "stt":
         values["hotline.stt.inference_ms"] = record.stt_inference_ms
+        values["hotline.stt.earlier_s"] = record.stt_earlier_s or None
+        values["hotline.stt.early_skipped"] = record.stt_early_skipped or None
     elif name == "llm":
         values = {
             "hotline.llm.ttft_ms": record.llm_ttft_ms,
