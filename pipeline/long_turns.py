@@ -69,6 +69,8 @@ class LongTurns:
         the rest."""
         base = self._base(audio)
         start = len(base.audio) if base is not None else 0
+        if base is not None and start == len(audio):  # the turn ended where a piece was kept
+            return Transcript(base.text, start / SAMPLE_RATE, 0.0, earlier_s=start / SAMPLE_RATE)
         job = asyncio.ensure_future(self._stt.transcribe(audio[start:], urgent))
         if len(audio) - start < self._piece:
             transcript = await job  # cancelled with its caller
@@ -85,12 +87,12 @@ class LongTurns:
         )
 
     def _base(self, audio: npt.NDArray[np.int16]) -> Kept | None:
-        """The kept piece `audio` begins with, if any."""
+        """The kept piece `audio` begins with (or is), if any."""
         kept = self._kept
         if kept is None:
             return None
         length = len(kept.audio)
-        if len(audio) > length and np.array_equal(audio[:length], kept.audio):
+        if len(audio) >= length and np.array_equal(audio[:length], kept.audio):
             return kept
         if len(audio) >= length:
             self._kept = None  # another turn

@@ -140,6 +140,8 @@ async def test_a_short_turn_and_another_turn_are_transcribed_whole() -> None:
     kept = asyncio.create_task(long_turns.transcribe(audio[:first]))
     (await stt.request(1))[1].set_result("first")
     await kept
+    again = await long_turns.transcribe(audio[:first])  # the same audio: its kept words
+    assert (again.text, again.earlier_s, len(stt.asked)) == ("first", first / SAMPLE_RATE, 2)
     other, _ = turn(3.0, 1.0)  # the next turn's audio: it does not begin with the kept piece
     whole = asyncio.create_task(long_turns.transcribe(other))
     samples, answer = await stt.request(2)
