@@ -15,8 +15,10 @@ others): "full" is faster-whisper's own `transcribe()`, always a 30 s window, au
 length. "fit" encodes the audio in a window sized to it (audio + 4 s of silence, rounded up
 to 10, 15, 20 or 30 s; `pipeline.stt_window`), and falls back to the full path when the audio
 is longer than 26 s or silent, or when the fitted window's text has no words or looks like a
-repetition loop. The server uses "fit" on phone calls and "full" on WebRTC calls (through
-Chrome, "fit" misheard the browser test's "a taxi"; `voice.server.settings.WidebandSTTSettings`).
+repetition loop. The server uses "fit" on phone and WebRTC calls alike (WebRTC kept "full" until
+the softphone page turned Chrome's noise suppression and automatic gain off: through them, "fit"
+misheard the browser test's robotic "a taxi" as "that access" in 5 calls of 6, "full" as "that
+taxi" in 6; without them both heard it in 6 of 6).
 Measured with the WER study
 (`hotline wer --window fit|full`: 200 utterances of 1.5–6.3 s, clean and over an
 8 kHz μ-law line, one at a time, 2 cores, int8, beam 1; median/p95 of 400 turns on the

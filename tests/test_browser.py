@@ -38,6 +38,11 @@ async def test_softphone_page_places_a_call(server: Server, tmp_path: Path) -> N
             await page.click("#call")
             caller = page.locator("#transcript li.caller .text").first
             await caller.wait_for(timeout=45_000)
+            # The microphone as Whisper should hear it: echo cancelled, otherwise untouched
+            # (Chrome's noise suppression and gain made the fitted window mishear this phrase).
+            mic = await page.evaluate("() => pc.getSenders()[0].track.getSettings()")
+            heard_as = (mic["echoCancellation"], mic["noiseSuppression"], mic["autoGainControl"])
+            assert heard_as == (True, False, False), mic
             bot = page.locator("#transcript li.bot .text").first
             await bot.wait_for(timeout=45_000)
             latency = page.locator("#transcript li.bot .latency").first

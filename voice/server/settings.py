@@ -136,15 +136,6 @@ class AgentSettings(BaseModel):
     signing_secret: SecretStr | None = None
 
 
-class WidebandSTTSettings(STTSettings):
-    """Speech recognition for WebRTC calls (wideband Opus audio from a browser or softphone)."""
-
-    # The full 30 s window: through Chrome, the fitted window heard the browser test's "I need
-    # a taxi" as "I need that access" in 2 runs of 4 (the full window: never), though it matched
-    # or beat the full window over the phone line and on the WER study's clean audio.
-    window: Literal["auto", "fit", "full"] = "full"
-
-
 class Settings(BaseSettings):
     """Everything `hotline serve` can be told."""
 
@@ -166,7 +157,7 @@ class Settings(BaseSettings):
     internal_url: str | None = None
     warm_up: bool = True  # load and run every model once before accepting calls
 
-    stt: WidebandSTTSettings = Field(default_factory=WidebandSTTSettings)  # WebRTC calls
+    stt: STTSettings = Field(default_factory=STTSettings)  # WebRTC calls
     # Phone calls (8 kHz μ-law). tiny.en by measurement: on natural speech the phone line costs
     # it nothing, and base's gain on robotic voices is worth less than its +400 ms a turn
     # (README, "Telephone speech recognition"). Set model "base" for hard lines.

@@ -11,9 +11,9 @@
   the others holds. A hold's silence runs until `SpeechResumed`.
 - `features(...)`: per decision, from the pause's audio only (`TurnPause.audio`, the turn up
   to the pause): the Smart Turn v3.2 score and its inference ms (`pipeline.turn_taking.model`),
-  and the early transcript (Whisper tiny.en through `pipeline.stt`, the server's settings for
-  the path: phone `STTSettings()`, its fitted window; wide `WidebandSTTSettings()`, the 30 s
-  window) with its inference ms. One inference at a time, on these cores.
+  and the early transcript (Whisper tiny.en through `pipeline.stt`, the server's settings on
+  both paths, `STTSettings()`: its fitted window) with its inference ms. One inference at a
+  time, on these cores.
 
 Features are cached per path and recipe as JSON in `$HOTLINE_CACHE_DIR/turn-bench/`.
 """
@@ -126,15 +126,14 @@ Scorer = Callable[[PCM], tuple[float, float]]  # audio -> (score, ms)
 Transcriber = Callable[[PCM], tuple[str, float]]  # audio -> (text, ms)
 
 
-def models(path: Path_) -> tuple[Scorer, Transcriber]:
-    """Smart Turn and the server's STT for `path`, warmed up."""
+def models() -> tuple[Scorer, Transcriber]:
+    """Smart Turn and the server's STT, warmed up."""
     from pipeline.stt import SpeechToText, STTSettings
     from pipeline.turn_taking.model import shared
-    from voice.server.settings import WidebandSTTSettings
 
     model = shared()
     model.warm_up()
-    stt = SpeechToText.shared(STTSettings() if path == "phone" else WidebandSTTSettings())
+    stt = SpeechToText.shared(STTSettings())
     stt.warm_up()
 
     def score(audio: PCM) -> tuple[float, float]:

@@ -30,7 +30,7 @@ from voice.devtools.turn_bench.sources import (
 TURNS = 240
 DEFAULT_TIMEOUT_MS = TurnPolicy().timeout_ms
 DEFAULTS = Row("TurnPolicy() defaults", lambda t, m: TurnPolicy(), True, True)
-FEATURES_VERSION = 1  # bump when what a decision holds, or how it is measured, changes
+FEATURES_VERSION = 2  # bump when what a decision holds, or how it is measured, changes
 
 
 @dataclass
@@ -80,7 +80,7 @@ def decisions_for(
     if cached is not None:
         return cached, 0.0
     began = time.perf_counter()
-    score, transcribe = models(path)
+    score, transcribe = models()
     found = features(turns, path, score, transcribe, progress)
     save(found, file)
     return found, time.perf_counter() - began
