@@ -12,9 +12,9 @@ def test_defaults_work_offline() -> None:
     assert settings.llm.base_url is None  # the embedded simulator
     assert settings.webrtc.ice_servers == []
     assert settings.api_token is None
-    # tiny.en for both (see README); phone audio in the fitted window, the browser's in 30 s.
+    # tiny.en for both (see README), in the fitted window: phone audio and the browser's.
     assert settings.phone_stt.model == settings.stt.model == "tiny.en"
-    assert (settings.phone_stt.encoder_window, settings.stt.encoder_window) == ("fit", "full")
+    assert (settings.phone_stt.encoder_window, settings.stt.encoder_window) == ("fit", "fit")
 
 
 def test_nested_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
