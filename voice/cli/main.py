@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import signal
 import socket
@@ -34,6 +35,24 @@ app = typer.Typer(
     help="Hotline: self-hosted real-time voice AI telephony server.", no_args_is_help=True
 )
 console = Console()
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        console.print(f"hotline {importlib.metadata.version('hotline')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Hotline: self-hosted real-time voice AI telephony server."""
 
 
 class DrainingServer(uvicorn.Server):
