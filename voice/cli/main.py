@@ -28,6 +28,7 @@ from voice.devtools.soak import soak_command
 
 if TYPE_CHECKING:
     from pipeline.transport import PCM
+    from voice.agents.directory import AgentDirectory
     from voice.devtools.turns import CallResult
     from voice.server.settings import Settings
 
@@ -124,7 +125,7 @@ def serve(
     DrainingServer(config, server_app).run()
 
 
-def _check_agents(settings: Settings) -> None:
+def _check_agents(settings: Settings) -> AgentDirectory:
     """Bad agent files stop `serve` at once, with every problem named (file and field)."""
     from voice.agents.directory import AgentFileError
     from voice.agents.runtime import AgentSetupError, check_agents
@@ -132,13 +133,37 @@ def _check_agents(settings: Settings) -> None:
 
     try:
         secret = settings.agents.signing_secret
-        check_agents(
-            agent_directory(settings),
-            secret.get_secret_value().encode() if secret is not None else None,
-        )
+        agents = agent_directory(settings)
+        check_agents(agents, secret.get_secret_value().encode() if secret is not None else None)
     except (AgentFileError, AgentSetupError) as exc:
         typer.echo(f"hotline: the agents cannot start:\n{exc}", err=True)
         raise typer.Exit(2) from None
+    return agents
+
+
+agents_app = typer.Typer(help="Agent files.", no_args_is_help=True)
+app.add_typer(agents_app, name="agents")
+
+
+@agents_app.command("check")
+def check_agents_command(
+    directory: Annotated[
+        Path, typer.Argument(help="A directory of agent files (as HOTLINE_AGENTS__DIR)")
+    ],
+) -> None:
+    """Check agent files without starting the server: the checks and messages of `serve`
+    (the rest of the settings, e.g. HOTLINE_AGENTS__SIGNING_SECRET, from the environment).
+    Exits 2 when an agent cannot start."""
+    from voice.server.settings import Settings
+
+    settings = Settings()
+    settings.agents = settings.agents.model_copy(update={"dir": str(directory)})
+    agents = _check_agents(settings)
+    numbers = sum(len(agent.numbers) for agent in agents.agents.values())
+    typer.echo(
+        f"{len(agents.names)} agent files OK ({', '.join(agents.names) or 'none'}), "
+        f"{numbers} numbers; default agent: {agents.default.name}"
+    )
 
 
 @app.command()
