@@ -9,13 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from playwright.async_api import async_playwright
+from playwright.async_api import Page, async_playwright
 
 from tests.support.browser import chromium
 from tests.support.server import Server
 from tests.support.speech import concat, espeak, silence, write_wav
 
 pytestmark = pytest.mark.slow
+
+GREY = "rgb(154, 163, 173)"  # a disabled button's background (#9aa3ad)
+
+
+async def background(page: Page, selector: str) -> str:
+    """The computed background colour of the element `selector` names."""
+    colour: str = await page.eval_on_selector(
+        selector, "(element) => getComputedStyle(element).backgroundColor"
+    )
+    return colour
 
 
 async def test_softphone_page_places_a_call(server: Server, tmp_path: Path) -> None:
@@ -35,6 +45,10 @@ async def test_softphone_page_places_a_call(server: Server, tmp_path: Path) -> N
             console: list[str] = []
             page.on("console", lambda message: console.append(message.text))
             await page.goto(server.url)
+            # Its own icon: a headed browser asks for /favicon.ico (a 404) when a page has none.
+            assert await page.locator('link[rel="icon"]').count() == 1
+            # A disabled button looks disabled (grey), an enabled one does not.
+            assert await background(page, "#hangup") == GREY != await background(page, "#call")
             await page.click("#call")
             caller = page.locator("#transcript li.caller .text").first
             await caller.wait_for(timeout=45_000)
@@ -47,6 +61,7 @@ async def test_softphone_page_places_a_call(server: Server, tmp_path: Path) -> N
             await bot.wait_for(timeout=45_000)
             latency = page.locator("#transcript li.bot .latency").first
             await latency.wait_for(timeout=45_000)
+            assert await background(page, "#call") == GREY != await background(page, "#hangup")
             caller_text = (await caller.inner_text()).lower()
             bot_text = (await bot.inner_text()).lower()
             print(f"\npage shows caller: {caller_text!r}\nbot: {bot_text!r}")
