@@ -59,6 +59,12 @@ class SizeSTT:
         return Transcript(f"<{len(audio)}>", len(audio) / SAMPLE_RATE, 0.01)
 
 
+def held() -> tuple[HeldSTT, LongTurns]:
+    """A held recognizer, and long turns over it that keep pieces of 2 s or more."""
+    stt = HeldSTT()
+    return stt, LongTurns(stt, piece_s=2.0)
+
+
 def voiced(audio: PCM) -> PCM:
     """`audio` from its first sound to its last (no silence around it)."""
     loud = np.flatnonzero(np.abs(audio.astype(np.int32)) > 300)
@@ -97,8 +103,7 @@ async def test_a_long_turn_ends_with_only_its_last_piece_transcribed() -> None:
 
 
 async def test_a_piece_is_kept_even_when_the_caller_spoke_on_before_it_was_transcribed() -> None:
-    stt = HeldSTT()
-    long_turns = LongTurns(stt, piece_s=2.0)
+    stt, long_turns = held()
     audio, (first, second, end) = turn(2.5, 1.0, 1.0)
 
     at_pause = asyncio.create_task(long_turns.transcribe(audio[:first], urgent=False))
@@ -129,8 +134,7 @@ async def test_a_piece_is_kept_even_when_the_caller_spoke_on_before_it_was_trans
 
 
 async def test_a_short_turn_and_another_turn_are_transcribed_whole() -> None:
-    stt = HeldSTT()
-    long_turns = LongTurns(stt, piece_s=2.0)
+    stt, long_turns = held()
     audio, (first, _end) = turn(2.5, 1.0)
     short = asyncio.create_task(long_turns.transcribe(audio[:SAMPLE_RATE]))
     samples, answer = await stt.request(0)
@@ -151,8 +155,7 @@ async def test_a_short_turn_and_another_turn_are_transcribed_whole() -> None:
 
 
 async def test_of_two_pieces_from_the_same_start_the_longer_is_kept() -> None:
-    stt = HeldSTT()
-    long_turns = LongTurns(stt, piece_s=2.0)
+    stt, long_turns = held()
     audio, (first, second, end) = turn(2.5, 1.0, 1.0)
     early = asyncio.create_task(long_turns.transcribe(audio[:first], urgent=False))
     _, early_answer = await stt.request(0)
