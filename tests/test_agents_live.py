@@ -26,11 +26,14 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from typer.testing import CliRunner
 
 from tests.support.poll import wait_until
 from tests.support.server import Server, free_port, start_server, stop_server
 from tests.support.speech import heard, utterance
 from voice.agents.http_tools import SIGNATURE_HEADER, verify
+from voice.audio import write_wav
+from voice.cli.main import app as cli
 from voice.devtools.twilio_call import place_twilio_call
 from voice.devtools.webrtc_caller import place_call
 from voice.server.tracing import trace_id_of
@@ -45,6 +48,8 @@ FRONT_DESK = "+15551230001"
 QUIET_AFTER_HANG_UP_S = 60.0
 ORDERS = "+15559870001"  # the order line below, served by the endpoint
 SLOW_ORDERS = "+15559870002"  # the same tool, from a service that never answers
+SIP_PORT = free_port()
+GREETING = "Acme Dental, how can I help?"  # deploy/agents/receptionist.yaml
 
 
 @dataclass
@@ -181,6 +186,9 @@ def agents_server(
     )
     running = start_server(
         {
+            "HOTLINE_SIP__ENABLED": "true",  # the caller tool's SIP calls, by number
+            "HOTLINE_SIP__PORT": str(SIP_PORT),
+            "HOTLINE_SIP__ALLOW": '["127.0.0.1/32"]',
             "HOTLINE_AGENTS__DIR": str(directory),
             "HOTLINE_AGENTS__SIGNING_SECRET": SECRET,
             "HOTLINE_TRACING__OTLP_ENDPOINT": f"http://127.0.0.1:{orders.port}",
@@ -198,6 +206,38 @@ def detail(server: Server, call_id: str) -> dict[str, Any]:
     response.raise_for_status()
     found: dict[str, Any] = response.json()
     return found
+
+
+def test_the_caller_tool_dials_a_number_and_hears_the_greeting_out(
+    agents_server: Server, tmp_path: Path
+) -> None:
+    """`hotline call --to/--from` reaches the agent of the number called, as Twilio and over
+    SIP, and speaks only once the greeting has played: the greeting is in the history in full
+    and the turn is not an interruption (the tool spoke 200 ms in before, so every call began
+    by cutting the greeting). The order line has no greeting: the tool speaks anyway."""
+    wav = tmp_path / "hello.wav"
+    write_wav(wav, utterance("Hello, are you open today?"))
+    out = str(tmp_path / "reply.wav")
+    runs = {
+        "twilio": ("--twilio", agents_server.url, "--to", RECEPTIONIST, "--from", "+15555550111"),
+        "sip": ("--sip", f"127.0.0.1:{SIP_PORT}", "--to", ORDERS, "--from", "+15555550122"),
+    }
+    calls = {}
+    for transport, where in runs.items():
+        command = ["call", "--wav", str(wav), "--out", out, "--url", agents_server.url, *where]
+        result = CliRunner().invoke(cli, command, env={"HOTLINE_API_TOKEN": None})
+        assert result.exit_code == 0, result.output
+        found = re.search(r"call (\S+) \(1/1\)", result.output)
+        assert found, result.output
+        calls[transport] = detail(agents_server, found.group(1))
+    receptionist, orders = calls["twilio"], calls["sip"]
+    assert (receptionist["agent"], receptionist["caller"]) == ("receptionist", "+15555550111")
+    assert (orders["agent"], orders["caller"]) == ("orders", "+15555550122")
+    opening = receptionist["history"][0]
+    assert (opening["role"], opening["content"]) == ("assistant", GREETING)
+    for call in (receptionist, orders):
+        [record] = call["records"]
+        assert "open" in record["caller_text"].lower() and not record["interrupted"]
 
 
 async def test_asking_for_a_person_puts_the_caller_through(agents_server: Server) -> None:

@@ -22,6 +22,7 @@ from tests.support.s3 import ACCESS_KEY_ID, BUCKET, SECRET, bucket_client, fake_
 from tests.support.server import Server, start_server, stop_server
 from tests.support.speech import concat, heard, piper, silence, utterance, words
 from voice.devtools.phone_caller import PhoneCallResult
+from voice.devtools.turns import OPENING_WAIT_S
 from voice.devtools.twilio_call import place_twilio_call
 
 pytestmark = pytest.mark.slow
@@ -235,7 +236,7 @@ async def test_announce_says_the_notice_then_records(
         [speech],
         parameters={"to": ANNOUNCED},
         auth_token=TWILIO_TOKEN,
-        hear_opening=True,
+        opening_wait_s=OPENING_WAIT_S,
         **{**NO_REPLY, "quiet_s": 2.0},
     )
     assert result.rejected is None

@@ -19,7 +19,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -83,18 +83,30 @@ Transport = Literal["webrtc", "twilio", "sip"]
 SIP_PORT = 5060
 
 
-async def sip_call_id(http: httpx.AsyncClient, caller: str, within_s: float = 10.0) -> str | None:
-    """The server's id of the SIP call from `caller` (a unique From user), as its `GET /calls`
-    or `GET /calls/ended` lists it; None if not listed within `within_s`."""
+async def sip_calls(http: httpx.AsyncClient, caller: str) -> list[str]:
+    """The server's ids of the SIP calls from `caller` (the From user) that its `GET /calls` and
+    `GET /calls/ended` list now."""
+    found: list[str] = []
+    for path in ("/calls", "/calls/ended?limit=200"):
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+            response = await http.get(path)
+            response.raise_for_status()
+            for call in response.json()["calls"]:
+                if call.get("caller") == caller and call.get("transport") == "sip":
+                    found.append(str(call["call_id"]))
+    return found
+
+
+async def sip_call_id(
+    http: httpx.AsyncClient, caller: str, within_s: float = 10.0, known: Collection[str] = ()
+) -> str | None:
+    """The server's id of the SIP call from `caller` (a unique From user, or one whose `known`
+    earlier calls are left out); None if not listed within `within_s`."""
     deadline = time.monotonic() + within_s
     while True:
-        for path in ("/calls", "/calls/ended?limit=200"):
-            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
-                response = await http.get(path)
-                response.raise_for_status()
-                for call in response.json()["calls"]:
-                    if call.get("caller") == caller and call.get("transport") == "sip":
-                        return str(call["call_id"])
+        new = [call_id for call_id in await sip_calls(http, caller) if call_id not in known]
+        if new:
+            return new[0]
         if time.monotonic() >= deadline:
             return None
         await asyncio.sleep(0.2)  # a poll interval, not a synchronisation

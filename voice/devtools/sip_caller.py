@@ -200,9 +200,11 @@ async def place_sip_call(
     local_host: str | None = None,
     codecs: Sequence[str] = ("PCMU", "PCMA"),
     tls: ssl.SSLContext | None = None,
+    opening_wait_s: float | None = None,
 ) -> SipCallResult:
     """Call `number` at the SIP server `host:port` and speak `utterances` (16 kHz), one turn
-    each (`converse`'s turn-taking, `barge_in_after_ms` and `dtmf`), then hang up.
+    each (`converse`'s turn-taking, `barge_in_after_ms`, `dtmf` and `opening_wait_s`), then hang
+    up.
 
     `caller` is the From user (default: a unique `bench-<hex>`); `local_host` the address for
     SIP and RTP (default: this machine's on the route to `host`). `call_id` is the SIP Call-ID
@@ -256,6 +258,7 @@ async def place_sip_call(
             dtmf=dtmf,
             reply_timeout_s=reply_timeout_s,
             quiet_s=quiet_s,
+            opening_wait_s=opening_wait_s,
         )
         result.server_hung_up = await _talk(phone, script)
         if not result.server_hung_up:

@@ -28,6 +28,9 @@ FRAME_S = FRAME_SAMPLES / SAMPLE_RATE  # one 20 ms frame, in seconds
 BARGE_IN_QUIET_S = 0.25  # an interrupted reply has stopped once it is silent this long
 BARGE_IN_WAIT_S = 5.0  # how long an interruption waits for the reply to stop
 OPENING_WAIT_S = 30.0  # how long a caller who hears out the opening waits for it
+# How long a person who picks up waits to hear something before speaking anyway: a server
+# that says nothing first (no notice, no greeting) costs the caller this, once.
+OPENING_START_S = 3.0
 
 
 def voiced_span(pcm: PCM) -> tuple[int, int]:
@@ -192,21 +195,21 @@ async def converse(
     dtmf: str = "",
     reply_timeout_s: float = 30.0,
     quiet_s: float = 0.8,
-    hear_opening: bool = False,
+    opening_wait_s: float | None = None,
 ) -> None:
     """Speak `utterances` over `line`, one turn each, appending each turn to `turns` as it starts.
 
     Each utterance is spoken after the previous reply has finished (`quiet_s` of silence); with
-    `hear_opening`, the first one too waits until what the server says first (a notice, a
-    greeting) has been heard out, as a caller does, however long the server took to say it.
+    `opening_wait_s`, the first one too waits until what the server says first (a notice, a
+    greeting) has been heard out, as a caller does, if it began within `opening_wait_s`.
     With `barge_in_after_ms`, the last utterance is spoken that long after the previous reply
     started instead, interrupting it. `dtmf` keys are pressed once a reply has finished (the
     first one waited out), or at the end if none was. Stops at the first utterance that gets no
     reply within `reply_timeout_s`.
     """
     pressed = not dtmf
-    if hear_opening:
-        opened = await line.hear(first_audible_after(0.0), OPENING_WAIT_S)
+    if opening_wait_s is not None:
+        opened = await line.hear(first_audible_after(0.0), opening_wait_s)
         if opened is not None:
             await line.hear(silent_for_after(opened, quiet_s), OPENING_WAIT_S)
     for index, pcm in enumerate(utterances):

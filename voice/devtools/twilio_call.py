@@ -143,7 +143,7 @@ async def place_twilio_call(
     auth_token: str | None = None,
     call_sid: str | None = None,
     linger_s: float = 0.0,
-    hear_opening: bool = False,
+    opening_wait_s: float | None = None,
 ) -> PhoneCallResult:
     """Call Hotline the way Twilio would and speak `utterances` (16 kHz), one turn each.
 
@@ -151,7 +151,7 @@ async def place_twilio_call(
     `customParameters`, with `from`/`to` numbers added) or the server's http(s) base URL, in
     which case the incoming-call webhook is asked first (signed with `auth_token` if given) and
     the stream and parameters come from its TwiML, exactly as with Twilio. Turn-taking,
-    `barge_in_after_ms`, `hear_opening` and the `dtmf` keys (pressed after the first reply) are
+    `barge_in_after_ms`, `opening_wait_s` and the `dtmf` keys (pressed after the first reply) are
     `voice.devtools.turns.converse`'s. With `auth_token`, the stream's handshake is signed too, as
     Twilio signs it.
     Ends with `stop` and closes the socket, after staying on the line `linger_s` more (until
@@ -184,7 +184,7 @@ async def place_twilio_call(
                 dtmf=dtmf,
                 reply_timeout_s=reply_timeout_s,
                 quiet_s=quiet_s,
-                hear_opening=hear_opening,
+                opening_wait_s=opening_wait_s,
             ),
         )
     result = phone.result(turns, barge_in_after_ms is not None)

@@ -143,11 +143,13 @@ async def place_call(
     reply_timeout_s: float = 30.0,
     quiet_s: float = 0.8,
     token: str | None = None,
+    opening_wait_s: float | None = None,
 ) -> CallResult:
     """Call the Hotline server at `url` (with its API token, if it has one) and speak
     `utterances`, one turn each.
 
-    Each utterance is spoken after the previous reply has finished (`quiet_s` of silence).
+    Each utterance is spoken after the previous reply has finished (`quiet_s` of silence); with
+    `opening_wait_s`, the first after what the server says first (`converse`'s).
     With `barge_in_after_ms`, the last utterance is spoken that long after the previous reply
     started instead, interrupting it.
     """
@@ -186,6 +188,7 @@ async def place_call(
             barge_in_after_ms=barge_in_after_ms,
             reply_timeout_s=reply_timeout_s,
             quiet_s=quiet_s,
+            opening_wait_s=opening_wait_s,
         )
         await _until_hung_up(script, ear.hung_up)
     finally:
