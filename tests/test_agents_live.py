@@ -211,33 +211,36 @@ def detail(server: Server, call_id: str) -> dict[str, Any]:
 def test_the_caller_tool_dials_a_number_and_hears_the_greeting_out(
     agents_server: Server, tmp_path: Path
 ) -> None:
-    """`hotline call --to/--from` reaches the agent of the number called, as Twilio and over
-    SIP, and speaks only once the greeting has played: the greeting is in the history in full
-    and the turn is not an interruption (the tool spoke 200 ms in before, so every call began
-    by cutting the greeting). The order line has no greeting: the tool speaks anyway."""
+    """`hotline call --to/--from` reaches the agent of the number called, as Twilio, Telnyx and
+    Vonage and over SIP, and speaks only once the greeting has played: the greeting is in the
+    history in full and the turn is not an interruption (the tool spoke 200 ms in before, so
+    every call began by cutting the greeting). The order line has no greeting: the tool speaks
+    anyway."""
     wav = tmp_path / "hello.wav"
     write_wav(wav, utterance("Hello, are you open today?"))
     out = str(tmp_path / "reply.wav")
-    runs = {
-        "twilio": ("--twilio", agents_server.url, "--to", RECEPTIONIST, "--from", "+15555550111"),
-        "sip": ("--sip", f"127.0.0.1:{SIP_PORT}", "--to", ORDERS, "--from", "+15555550122"),
+    runs = {  # transport: (how, the agent called, the caller's number)
+        "twilio": (("--twilio", agents_server.url), "receptionist", "+15555550111"),
+        "telnyx": (("--telnyx",), "receptionist", "+15555550112"),
+        "sip": (("--sip", f"127.0.0.1:{SIP_PORT}"), "orders", "+15555550122"),
+        "vonage": (("--vonage",), "orders", "+15555550123"),
     }
-    calls = {}
-    for transport, where in runs.items():
-        command = ["call", "--wav", str(wav), "--out", out, "--url", agents_server.url, *where]
+    numbers = {"receptionist": RECEPTIONIST, "orders": ORDERS}
+    for transport, (how, agent, caller) in runs.items():
+        command = ["call", "--wav", str(wav), "--out", out, "--url", agents_server.url, *how]
+        command += ["--to", numbers[agent], "--from", caller]
         result = CliRunner().invoke(cli, command, env={"HOTLINE_API_TOKEN": None})
         assert result.exit_code == 0, result.output
         found = re.search(r"call (\S+) \(1/1\)", result.output)
         assert found, result.output
-        calls[transport] = detail(agents_server, found.group(1))
-    receptionist, orders = calls["twilio"], calls["sip"]
-    assert (receptionist["agent"], receptionist["caller"]) == ("receptionist", "+15555550111")
-    assert (orders["agent"], orders["caller"]) == ("orders", "+15555550122")
-    opening = receptionist["history"][0]
-    assert (opening["role"], opening["content"]) == ("assistant", GREETING)
-    for call in (receptionist, orders):
+        call = detail(agents_server, found.group(1))
+        assert (call["transport"], call["agent"], call["caller"]) == (transport, agent, caller)
+        if agent == "receptionist":
+            opening = call["history"][0]
+            assert (opening["role"], opening["content"]) == ("assistant", GREETING), transport
         [record] = call["records"]
-        assert "open" in record["caller_text"].lower() and not record["interrupted"]
+        said = record["caller_text"].lower()
+        assert "open" in said and not record["interrupted"], (transport, said)
 
 
 async def test_asking_for_a_person_puts_the_caller_through(agents_server: Server) -> None:

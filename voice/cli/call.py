@@ -1,5 +1,5 @@
-"""`hotline call`: one scripted caller against a running server, over WebRTC, as Twilio, or
-over SIP, timed at the caller.
+"""`hotline call`: one scripted caller against a running server, over WebRTC, as Twilio, Telnyx
+or Vonage, or over SIP, timed at the caller.
 
 The caller hears out what the server says first (the recording notice, the agent's greeting)
 before its first words, as a person does, unless told not to; a server that says nothing
@@ -54,13 +54,22 @@ def call_command(
             f"(port {SIP_PORT}); the calls API is at --url"
         ),
     ] = None,
+    telnyx: Annotated[
+        bool,
+        typer.Option(
+            "--telnyx", help="Call as Telnyx would (its media stream, with a stream token)"
+        ),
+    ] = False,
+    vonage: Annotated[
+        bool,
+        typer.Option("--vonage", help="Call as Vonage would (its websocket, with a stream token)"),
+    ] = False,
     to: Annotated[
-        str,
-        typer.Option("--to", help="The number called (--twilio, --sip): picks the agent"),
+        str, typer.Option("--to", help="The number called (phone calls): picks the agent")
     ] = DEFAULT_CALLEE,
-    from_: Annotated[
-        str, typer.Option("--from", help="The caller's number (--twilio, --sip)")
-    ] = DEFAULT_CALLER,
+    from_: Annotated[str, typer.Option("--from", help="The caller's number (phone calls)")] = (
+        DEFAULT_CALLER
+    ),
     wait_greeting: Annotated[
         bool,
         typer.Option(
@@ -68,7 +77,9 @@ def call_command(
             f"as a person does (if nothing begins within {OPENING_START_S:.0f} s, speak)"
         ),
     ] = True,
-    dtmf: Annotated[str, typer.Option(help="Keys to press after the first reply (--twilio)")] = "",
+    dtmf: Annotated[
+        str, typer.Option(help="Keys to press after the first reply (phone calls)")
+    ] = "",
     auth_token: Annotated[
         str | None, typer.Option(help="Twilio auth token to sign the webhook with (--twilio)")
     ] = None,
@@ -76,8 +87,8 @@ def call_command(
     repeat: Annotated[int, typer.Option(help="Place the call this many times")] = 1,
     log_level: Annotated[str, typer.Option()] = "warning",
 ) -> None:
-    """Call a server over WebRTC (or as Twilio, or over SIP), play WAVs as the caller, time the
-    replies.
+    """Call a server over WebRTC (or as Twilio, Telnyx or Vonage, or over SIP), play WAVs as
+    the caller, time the replies.
 
     Voice-to-voice latency is measured at the caller: from the last audible frame of each
     utterance sent to the first audible reply frame received. The server's parts of it come
@@ -88,15 +99,18 @@ def call_command(
     from voice.server.urls import http_url
 
     setup_logging(log_level)
-    if twilio is not None and sip is not None:
-        _usage("choose one of --twilio and --sip")
-    numbers_given = to != DEFAULT_CALLEE or from_ != DEFAULT_CALLER
-    if numbers_given and twilio is None and sip is None:
-        _usage("--to and --from are for phone calls (--twilio or --sip); WebRTC has no numbers")
+    chosen = {"twilio": twilio is not None, "sip": sip is not None, "telnyx": telnyx}
+    chosen["vonage"] = vonage
+    provider = next((name for name, given in chosen.items() if given), None)
+    if sum(chosen.values()) > 1:
+        _usage("choose one of --twilio, --sip, --telnyx and --vonage")
+    if (to != DEFAULT_CALLEE or from_ != DEFAULT_CALLER) and provider is None:
+        _usage("--to and --from are for phone calls (--twilio, --sip, --telnyx, --vonage)")
     utterances = [read_wav(path) for path in wav]
     if twilio is not None:  # the calls API lives on the server that took the Twilio call
         url = http_url(twilio).split("/twilio/")[0]
-    line = _Line(url, token, twilio, sip, to, from_, OPENING_START_S if wait_greeting else None)
+    wait = OPENING_START_S if wait_greeting else None
+    line = _Line(url, token, provider, twilio or sip, to, from_, wait)
     measured: dict[int, dict[str, list[float]]] = {}
     for attempt in range(repeat):
         with one_line_errors(url):
@@ -124,19 +138,20 @@ def _usage(message: str) -> None:
 
 
 class _Line:
-    """Where and how `hotline call` calls: the transport, the numbers, the greeting wait."""
+    """Where and how `hotline call` calls: the transport (None: WebRTC) and the address its
+    option gave, the numbers, the greeting wait."""
 
     def __init__(
         self,
         url: str,
         token: str | None,
-        twilio: str | None,
-        sip: str | None,
+        provider: str | None,
+        address: str | None,
         to: str,
         from_: str,
         opening_wait_s: float | None,
     ) -> None:
-        self.url, self.token, self.twilio, self.sip = url, token, twilio, sip
+        self.url, self.token, self.provider, self.address = url, token, provider, address
         self.to, self.from_, self.opening_wait_s = to, from_, opening_wait_s
 
     async def call(
@@ -157,16 +172,30 @@ class _Line:
         self, http: httpx.AsyncClient, utterances: list[PCM], dtmf: str, auth_token: str | None
     ) -> CallResult:
         wait = self.opening_wait_s
-        if self.sip is not None:
+        if self.provider == "sip":
             return await self._place_sip(http, utterances, dtmf)
-        if self.twilio is None:
+        if self.provider in ("telnyx", "vonage"):
+            from voice.devtools.provider_phones import place_provider_call
+
+            return await place_provider_call(
+                self.url,
+                "telnyx" if self.provider == "telnyx" else "vonage",
+                utterances,
+                caller=self.from_,
+                callee=self.to,
+                headers=auth_headers(self.token),
+                dtmf=dtmf,
+                opening_wait_s=wait,
+            )
+        if self.provider is None:
             from voice.devtools.webrtc_caller import place_call
 
             return await place_call(self.url, utterances, token=self.token, opening_wait_s=wait)
         from voice.devtools.twilio_call import place_twilio_call
 
+        assert self.address is not None
         phone = await place_twilio_call(
-            self.twilio,
+            self.address,
             utterances,
             dtmf=dtmf,
             auth_token=auth_token,
@@ -184,8 +213,7 @@ class _Line:
         from voice.devtools.bench import sip_call_id, sip_calls
         from voice.devtools.sip_caller import place_sip_call
 
-        assert self.sip is not None
-        where = urlsplit(f"sip://{self.sip}")
+        where = urlsplit(f"sip://{self.address}")
         host, port = where.hostname or "127.0.0.1", where.port or SIP_PORT
         earlier = await sip_calls(http, self.from_)  # the same number may have called before
         result = await place_sip_call(

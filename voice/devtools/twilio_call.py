@@ -11,12 +11,10 @@ like every webhook) and follows its TwiML: a `<Dial>` puts the caller through
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import xml.etree.ElementTree as ET
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import numpy as np
@@ -30,6 +28,7 @@ from voice.devtools.phone_caller import (
     TwilioPhone,
     twilio_sid,
 )
+from voice.devtools.stream_phone import talk
 from voice.devtools.turns import CallerTurn, converse
 from voice.transports.phone.twilio import (
     CALLEE_PARAMETER,
@@ -173,7 +172,7 @@ async def place_twilio_call(
     ) as socket:
         phone = TwilioPhone(socket, call_sid, account_sid, custom)
         await phone.open()
-        server_ended = await _talk(
+        server_ended = await talk(
             phone,
             linger_s,
             converse(
@@ -193,32 +192,3 @@ async def place_twilio_call(
             action_url, call_sid, account_sid, custom, auth_token
         )
     return result
-
-
-async def _talk(
-    phone: TwilioPhone, linger_s: float, conversation: Coroutine[Any, Any, None]
-) -> bool:
-    """Run the phone's clock and ear and the caller's `conversation` until it ends (and then
-    `linger_s` more) or the server hangs up, then hang up; True if the server ended the stream
-    first."""
-    clock = asyncio.create_task(phone.run())
-    ear = asyncio.create_task(phone.listen())
-    script = asyncio.create_task(conversation)
-    ended = asyncio.create_task(phone.hung_up.wait())
-    try:
-        await asyncio.wait({script, ended}, return_when=asyncio.FIRST_COMPLETED)
-        for part in (script, clock, ear):
-            if part.done():
-                part.result()  # a failure in the phone itself is raised, not hidden
-        server_ended = not script.done()
-        if not server_ended and linger_s > 0:
-            await asyncio.wait({ended}, timeout=linger_s)
-            server_ended = ended.done()
-        if server_ended:
-            log.info("the server ended the stream")
-        await phone.hang_up()
-        return server_ended
-    finally:
-        for task in (script, ended, clock, ear):
-            task.cancel()
-        await asyncio.gather(script, ended, clock, ear, return_exceptions=True)
