@@ -18,7 +18,12 @@ from pydantic import SecretStr
 
 from tests.support.s3 import ACCESS_KEY_ID, BUCKET, SECRET, bucket_client, fake_s3
 from voice.recordings.settings import RecordingSettings, S3Settings
-from voice.recordings.storage import RecordingMissing, RecordingStore
+from voice.recordings.storage import (
+    Part,
+    RangeNotSatisfiable,
+    RecordingMissing,
+    RecordingStore,
+)
 
 DAY = 86_400.0
 LOGGER = "voice.recordings.storage"
@@ -114,6 +119,23 @@ async def test_fetch_of_an_unknown_key_is_missing(tmp_path: Path, endpoint: str)
     store = _store(tmp_path, endpoint)
     with pytest.raises(RecordingMissing):
         await store.fetch(store.key_for("never-recorded"))
+
+
+async def test_fetch_range_asks_the_bucket_for_the_bytes(tmp_path: Path, endpoint: str) -> None:
+    """A ranged GET (moto answers Range as S3 does: 206, Content-Range)."""
+    store = _store(tmp_path, endpoint)
+    call_id, path, data = _recording(store)
+    key = await store.upload(call_id, path)
+    assert key is not None
+
+    assert await store.fetch_range(key, "bytes=100-1099") == Part(data[100:1100], 100, len(data))
+    assert await store.fetch_range(key, "bytes=-500") == Part(data[-500:], len(data) - 500, 70_000)
+    assert await store.fetch_range(key, "bytes=69990-99999") == Part(data[69990:], 69990, 70_000)
+    with pytest.raises(RangeNotSatisfiable) as unsatisfiable:
+        await store.fetch_range(key, "bytes=70000-")
+    assert unsatisfiable.value.size == len(data)
+    with pytest.raises(RecordingMissing):
+        await store.fetch_range(store.key_for("never-recorded"), "bytes=0-9")
 
 
 async def test_delete_local_after_upload(tmp_path: Path, endpoint: str) -> None:

@@ -7,6 +7,8 @@ record at all."""
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,8 @@ import httpx
 import pytest
 
 from pipeline.transport import SAMPLE_RATE
-from tests.support.poll import until
+from tests.support.metrics import Samples, scrape
+from tests.support.poll import until, wait_until
 from tests.support.recordings import FRAME_S, audible, channels
 from tests.support.redis_server import RedisServer
 from tests.support.s3 import ACCESS_KEY_ID, BUCKET, SECRET, bucket_client, fake_s3
@@ -111,10 +114,87 @@ def api(server: Server, path: str, token: str | None = TOKEN) -> httpx.Response:
     return httpx.get(f"{server.url}{path}", headers=headers, timeout=30)
 
 
+def ranged(server: Server, path: str, byte_range: str, method: str = "GET") -> httpx.Response:
+    """`path` asked for with a Range header (as the console's <audio> player asks)."""
+    headers = {"Authorization": f"Bearer {TOKEN}", "Range": byte_range}
+    return httpx.request(method, f"{server.url}{path}", headers=headers, timeout=30)
+
+
+def assert_ranges_served(server: Server, path: str, whole: bytes) -> None:
+    """`server` answers Range requests for the recording `whole` at `path` (RFC 9110 §14)."""
+    size = len(whole)
+    full = api(server, path)
+    assert full.status_code == 200 and full.content == whole
+    assert full.headers["accept-ranges"] == "bytes"
+    assert full.headers["content-length"] == str(size)
+    part = ranged(server, path, "bytes=100-1099")
+    assert part.status_code == 206 and part.content == whole[100:1100]
+    assert part.headers["content-range"] == f"bytes 100-1099/{size}"
+    assert part.headers["content-length"] == "1000"
+    assert part.headers["content-type"] == "audio/ogg"
+    assert part.headers["accept-ranges"] == "bytes"
+    tail = ranged(server, path, "bytes=-500")  # the last 500 bytes
+    assert tail.status_code == 206 and tail.content == whole[-500:]
+    assert tail.headers["content-range"] == f"bytes {size - 500}-{size - 1}/{size}"
+    rest = ranged(server, path, f"bytes={size - 10}-")
+    assert rest.status_code == 206 and rest.content == whole[-10:]
+    past = ranged(server, path, f"bytes={size}-")
+    assert past.status_code == 416 and "range not satisfiable" in past.json()["error"]
+    assert past.headers["content-range"] == f"bytes */{size}"
+    assert past.headers["accept-ranges"] == "bytes"
+    # several ranges, or a malformed one: the whole file (RFC 9110 §14.2 lets a server ignore it)
+    for ignored in ("bytes=0-9,20-29", "bytes=abc", "bytes=9-2", "bytes=0-" + "9" * 500):
+        answer = ranged(server, path, ignored)
+        assert answer.status_code == 200 and answer.content == whole, ignored
+    head = ranged(server, path, "bytes=0-99", method="HEAD")
+    assert head.status_code == 206 and head.content == b""
+    assert head.headers["content-range"] == f"bytes 0-99/{size}"
+    assert head.headers["content-length"] == "100"
+
+
+async def range_during_the_call(
+    a: Server, on_a: Path, call_id: str, phone: asyncio.Task[PhoneCallResult]
+) -> httpx.Response:
+    """The first 100 bytes of the recording being written on A, asked of A during the call
+    (in a thread: the `phone`'s call runs on the test's loop); 416 past its size now."""
+    path = f"/calls/{call_id}/recording"
+    try:
+        begun = await until(
+            lambda: on_a.is_file() and on_a.stat().st_size >= 100, "the recording begun on A", 30
+        )
+        assert begun
+        during, past = await asyncio.gather(
+            asyncio.to_thread(ranged, a, path, "bytes=0-99"),
+            asyncio.to_thread(ranged, a, path, "bytes=100000000-"),
+        )
+    except BaseException:
+        phone.cancel()
+        raise
+    assert during.status_code == 206 and len(during.content) == 100
+    assert during.headers["content-range"].startswith("bytes 0-99/")
+    assert past.status_code == 416 and past.headers["content-range"].startswith("bytes */")
+    return during
+
+
 def recorded(server: Server, call_id: str) -> dict[str, Any]:
     """The call's detail once its recording is listed (the call has ended), else nothing."""
     detail: dict[str, Any] = api(server, f"/calls/{call_id}").json()
     return detail if detail.get("recording") else {}
+
+
+RECORDINGS, UPLOADS = "hotline_recordings_total", "hotline_recording_uploads_total"
+
+
+def settled_uploads(server: Server) -> Samples:
+    """The worker's /metrics once no call is in progress and every recording it wrote went to
+    the bucket (or failed to), so that what the next call moves is all its own."""
+
+    def check() -> Samples | None:
+        now = scrape(server.url)
+        done = now.get(RECORDINGS, outcome="written") == now.total(UPLOADS)
+        return now if done and now.get("hotline_active_calls") == 0 else None
+
+    return wait_until(check, "no call in progress and every recording uploaded", 30.0)
 
 
 def phone_offset_s(result: PhoneCallResult, right: list[bool]) -> float:
@@ -153,18 +233,26 @@ async def test_a_call_is_recorded_in_stereo_and_served_by_any_worker(
     workers: tuple[Server, Server, Path], bucket: str, tmp_path: Path
 ) -> None:
     a, b, a_dir = workers
+    uploads_before = settled_uploads(a)
     # the caller waits out the greeting, then speaks, then cuts the reply short
     speech = concat(silence(3000), piper("I would like to buy some tulip bulbs."), silence(200))
-    result = await place_twilio_call(
-        a.url,
-        [speech, utterance(BARGE_IN)],
-        barge_in_after_ms=BARGE_IN_AFTER_MS,
-        parameters={"to": RECORDED},
-        auth_token=TWILIO_TOKEN,
-        quiet_s=1.0,
+    call_id = f"CA{uuid.uuid4().hex}"
+    phone = asyncio.create_task(
+        place_twilio_call(
+            a.url,
+            [speech, utterance(BARGE_IN)],
+            barge_in_after_ms=BARGE_IN_AFTER_MS,
+            parameters={"to": RECORDED},
+            auth_token=TWILIO_TOKEN,
+            quiet_s=1.0,
+            call_sid=call_id,
+        )
     )
+    # while the call goes on, what is written so far is served ranged too
+    during = await range_during_the_call(a, a_dir / f"{call_id}.ogg", call_id, phone)
+    result = await phone
     assert result.rejected is None and not result.violations
-    call_id = result.call_id
+    assert result.call_id == call_id
     detail = await until(lambda: recorded(a, call_id), "the call's recording listed", 20)
     recording = detail["recording"]
     assert isinstance(recording, dict)
@@ -173,9 +261,15 @@ async def test_a_call_is_recorded_in_stereo_and_served_by_any_worker(
     # the file is on A; B has no bucket and no file: it asks A
     on_a = a_dir / f"{call_id}.ogg"
     assert on_a.is_file()
+    assert during.content == on_a.read_bytes()[:100]
+    size_then = int(during.headers["content-range"].rpartition("/")[2])
+    assert size_then < on_a.stat().st_size  # the size then, while it was being written
     served = api(b, recording["url"])
     assert served.status_code == 200 and served.headers["content-type"] == "audio/ogg"
     assert served.content == on_a.read_bytes()
+    # seeking: byte ranges, from A's file and from B (which forwards Range to A)
+    assert_ranges_served(a, recording["url"], served.content)
+    assert_ranges_served(b, recording["url"], served.content)
     left, right = channels(served.content)
     assert abs(left.size / SAMPLE_RATE - recording["duration_s"]) < 0.5
     # left: what the caller said; right: what the caller heard (greeting, then the replies)
@@ -217,10 +311,14 @@ async def test_a_call_is_recorded_in_stereo_and_served_by_any_worker(
     stored = bucket_client(bucket).get_object(Bucket=BUCKET, Key=key)
     assert stored["Body"].read() == on_a.read_bytes()
     assert stored["ContentType"] == "audio/ogg"
+    moved = settled_uploads(a).since(uploads_before)  # /metrics: this recording, written, copied
+    assert moved.get(RECORDINGS, outcome="written") == moved.get(UPLOADS, outcome="uploaded") == 1
+    assert moved.total(RECORDINGS) == moved.total(UPLOADS) == 1
     # A's file gone (retention, a disk replaced): A serves the bucket's copy
     on_a.unlink()
     again = api(a, recording["url"])
     assert again.status_code == 200 and again.content == served.content
+    assert_ranges_served(a, recording["url"], served.content)  # ranged GETs of the bucket
 
 
 async def test_announce_says_the_notice_then_records(

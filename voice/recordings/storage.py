@@ -22,6 +22,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,10 +40,28 @@ _RETRYABLE_CODES = frozenset(
     {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "TooManyRequests"}
 )
 _MISSING_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_CONTENT_RANGE = re.compile(r"bytes ([0-9]+)-([0-9]+)/([0-9]+)")
 
 
 class RecordingMissing(LookupError):
     """No such recording (in the directory, or in the bucket)."""
+
+
+class RangeNotSatisfiable(LookupError):
+    """The bucket has no byte of the object in the range asked for; `size`: the object's."""
+
+    def __init__(self, key: str, size: int) -> None:
+        super().__init__(f"{key}: no byte of {size} in the range asked for")
+        self.size = size
+
+
+@dataclass(frozen=True)
+class Part:
+    """Bytes `start` to `start + len(body)` of an object of `size` bytes."""
+
+    body: bytes
+    start: int
+    size: int
 
 
 class RecordingStore:
@@ -123,6 +142,18 @@ class RecordingStore:
             raise RecordingMissing(key)
         await asyncio.to_thread(self._client)
         return await self._with_retries(f"fetch of {key}", self._get, bucket, key)
+
+    async def fetch_range(self, key: str, byte_range: str) -> Part:
+        """Part of an object, by a ranged GET: `byte_range` as in an HTTP Range header
+        ("bytes=0-99", "bytes=-500"). A store that ignores it sends the whole object (a Part
+        from 0). RecordingMissing: no bucket, or no such key; RangeNotSatisfiable: no byte of
+        the object is in the range."""
+        bucket = self._settings.s3.bucket
+        if bucket is None:
+            raise RecordingMissing(key)
+        await asyncio.to_thread(self._client)
+        what = f"fetch of {key} ({byte_range})"
+        return await self._with_retries(what, self._get_range, bucket, key, byte_range)
 
     async def sweep(self, now: float | None = None) -> int:
         """Delete local recordings older than `retention_days`; how many were deleted."""
@@ -226,12 +257,32 @@ class RecordingStore:
             if _error_code(exc) in _MISSING_CODES:
                 raise RecordingMissing(key) from exc
             raise
-        body = answer["Body"]
+        return _read(answer["Body"])
+
+    def _get_range(self, bucket: str, key: str, byte_range: str) -> Part:
+        from botocore.exceptions import ClientError
+
         try:
-            data: bytes = body.read()
-        finally:
-            body.close()
-        return data
+            answer = self._client().get_object(Bucket=bucket, Key=key, Range=byte_range)
+        except ClientError as exc:
+            code = _error_code(exc)
+            if code in _MISSING_CODES:
+                raise RecordingMissing(key) from exc
+            if code == "InvalidRange":
+                raise RangeNotSatisfiable(key, self._size(exc, bucket, key)) from exc
+            raise
+        body = _read(answer["Body"])
+        found = _CONTENT_RANGE.fullmatch(answer.get("ContentRange") or "")
+        if found is None:
+            return Part(body, 0, len(body))  # the whole object
+        return Part(body, int(found[1]), int(found[3]))
+
+    def _size(self, invalid_range: Any, bucket: str, key: str) -> int:
+        """The object's size: S3 says it in its InvalidRange error; else asked for."""
+        said = invalid_range.response.get("Error", {}).get("ActualObjectSize")
+        if said is not None and str(said).isdigit():
+            return int(said)
+        return int(self._client().head_object(Bucket=bucket, Key=key)["ContentLength"])
 
     async def _with_retries(self, what: str, call: Callable[..., T], *args: Any) -> T:
         """`call(*args)` in a thread, tried again after a transient failure."""
@@ -259,6 +310,15 @@ def _checked(call_id: str) -> str:
     if not _CALL_ID.fullmatch(call_id) or call_id.strip(".") == "":
         raise ValueError(f"not a call id: {call_id!r}")
     return call_id
+
+
+def _read(body: Any) -> bytes:
+    """All of a get_object answer's streaming body, closed after."""
+    try:
+        data: bytes = body.read()
+    finally:
+        body.close()
+    return data
 
 
 def _error_code(exc: Any) -> str:
