@@ -28,12 +28,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from typer.testing import CliRunner
 
-from tests.support.poll import wait_until
-from tests.support.server import Server, free_port, start_server, stop_server
+from tests.support.metrics import Samples, scrape
+from tests.support.poll import until, wait_until
+from tests.support.server import Server, free_port, logged, start_server, stop_server
 from tests.support.speech import heard, utterance
 from voice.agents.http_tools import SIGNATURE_HEADER, verify
 from voice.audio import write_wav
 from voice.cli.main import app as cli
+from voice.devtools.phone_caller import twilio_sid
 from voice.devtools.twilio_call import place_twilio_call
 from voice.devtools.webrtc_caller import place_call
 from voice.server.tracing import trace_id_of
@@ -61,6 +63,7 @@ class OrderService:
     refused: list[str] = field(default_factory=list)
     # The same server is the OTLP collector: the turn spans it was sent, by trace id.
     spans: dict[str, list[str]] = field(default_factory=dict)
+    calls: dict[str, dict[str, Any]] = field(default_factory=dict)  # `call` spans' attributes
     # ... and the post-call webhook's receiver: it refuses each delivery's first attempt (503).
     hooks: list[tuple[dict[str, str], dict[str, Any]]] = field(default_factory=list)
     hook_attempts: dict[str, int] = field(default_factory=dict)
@@ -90,6 +93,11 @@ class OrderService:
                     for scope in resource.scope_spans:
                         for span in scope.spans:
                             self.spans.setdefault(span.trace_id.hex(), []).append(span.name)
+                            if span.name == "call":
+                                self.calls[span.trace_id.hex()] = {
+                                    a.key: getattr(a.value, a.value.WhichOneof("value") or "")
+                                    for a in span.attributes
+                                }
             reply = ExportTraceServiceResponse().SerializeToString()
             return Response(reply, media_type="application/x-protobuf")
 
@@ -134,6 +142,16 @@ class OrderService:
 
         what = f"the turn span of trace {trace_id}"
         return wait_until(names, what, within_s, describe=lambda: self.spans.get(trace_id))
+
+    def call_span_of(self, trace_id: str, within_s: float) -> dict[str, Any]:
+        """The attributes of a trace's `call` span, once it has arrived."""
+
+        def found() -> dict[str, Any] | None:
+            with self.lock:
+                return self.calls.get(trace_id)
+
+        what = f"the call span of trace {trace_id}"
+        return wait_until(found, what, within_s, describe=lambda: self.spans.get(trace_id))
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}/{path}"
@@ -257,6 +275,7 @@ async def test_asking_for_a_person_puts_the_caller_through(agents_server: Server
     call = detail(agents_server, result.call_id)
     assert call["agent"] == "receptionist"
     assert call["transfer"]["to"] == FRONT_DESK
+    assert call["wants_human"] is True  # put through to a person: the record says so
     [record] = call["records"]
     assert [tool["name"] for tool in record["tools"]] == ["transfer_to_human"]
     # Said, played to its end (the record keeps what the caller heard), heard by the phone.
@@ -266,10 +285,84 @@ async def test_asking_for_a_person_puts_the_caller_through(agents_server: Server
     assert result.turns[0].voice_to_voice_ms is not None
 
 
+async def test_a_transfer_through_the_calls_api_is_as_warm_as_the_agents_own(
+    agents_server: Server,
+) -> None:
+    """The receptionist's transfers are warm: one asked through the calls API (the console's
+    button) hands the person the same summary, of the call so far, and the record, here and in
+    the registry (any worker's list of ended calls), says the caller went to a person."""
+    call_id = twilio_sid("CA")
+    mark = agents_server.log_mark()
+    phone = asyncio.create_task(
+        place_twilio_call(
+            agents_server.url,
+            [utterance("Hello, I have a question about my bill.")],
+            parameters={"to": RECEPTIONIST},
+            call_sid=call_id,
+            linger_s=60.0,  # on the line until the bot has said so and leaves
+        )
+    )
+    await logged(agents_server, f"call {call_id} turn 1", since=mark, within_s=60)
+    async with httpx.AsyncClient(base_url=agents_server.url, timeout=20) as client:
+        asked = await client.post(f"/calls/{call_id}/transfer", json={"reason": "billing"})
+        assert asked.status_code == 200, asked.text
+        result = await asyncio.wait_for(phone, 60)
+
+        async def ended() -> dict[str, Any] | None:
+            listed = (await client.get("/calls/ended")).json()["calls"]
+            return next((c for c in listed if c["call_id"] == call_id), None)
+
+        registered = await until(ended, f"call {call_id} among the ended calls", 30)
+    assert result.transferred_to == FRONT_DESK
+    call = detail(agents_server, call_id)
+    assert call["transfer"]["to"] == FRONT_DESK
+    summary = call["transfer"]["summary"]
+    assert summary.startswith("Reason: billing\n"), summary
+    [asked_about] = [m["content"] for m in call["history"] if m["role"] == "user"]
+    assert f"Caller: {asked_about}" in summary.splitlines(), summary
+    assert call["wants_human"] is True and registered["wants_human"] is True
+
+
+async def test_a_call_that_ends_during_the_greeting_still_leaves_its_trace(
+    agents_server: Server, orders: OrderService
+) -> None:
+    """The caller hangs up before the greeting is over, before any turn: the call's trace
+    still comes, one `call` span saying why it ended and that no turn was recorded."""
+    result = await place_twilio_call(agents_server.url, [], parameters={"to": RECEPTIONIST})
+    assert result.rejected is None
+    trace = f"{trace_id_of(result.call_id):032x}"
+    call = await asyncio.to_thread(orders.call_span_of, trace, 30.0)
+    assert call["hotline.call_id"] == result.call_id
+    assert call["hotline.agent"] == "receptionist" and call["hotline.transport"] == "twilio"
+    assert call["hotline.end_reason"].startswith("stop"), call
+    assert call["hotline.turns"] == 0 and call["hotline.wants_human"] is False
+    assert orders.spans[trace] == ["call"]
+
+
+WEBHOOKS = "hotline_webhook_deliveries_total"
+WEBHOOK_OUTCOMES = ("delivered", "retried", "rejected", "given_up", "superseded", "dropped")
+ENDED = "hotline_calls_ended_total"
+
+
+def settled_metrics(server: Server) -> Samples:
+    """/metrics once no call is in progress and every ended call's webhook has its final
+    outcome, so that what the next call moves is all its own."""
+
+    def check() -> Samples | None:
+        now = scrape(server.url)
+        finals = sum(now.get(WEBHOOKS, outcome=o) for o in ("delivered", "rejected", "given_up"))
+        settled = finals + now.get(WEBHOOKS, outcome="dropped") == now.total(ENDED)
+        return now if settled and now.get("hotline_active_calls") == 0 else None
+
+    return wait_until(check, "no call in progress and every webhook settled", 30.0)
+
+
 async def test_an_order_question_calls_the_order_service_and_speaks_its_answer(
     agents_server: Server, orders: OrderService
 ) -> None:
     before = len(orders.received)
+    began = time.monotonic()
+    metrics_before = await asyncio.to_thread(settled_metrics, agents_server)
     result = await place_twilio_call(
         agents_server.url,
         [utterance("Where is my order, number four five one two?")],
@@ -313,6 +406,18 @@ async def test_an_order_question_calls_the_order_service_and_speaks_its_answer(
     webhook = detail(agents_server, result.call_id)["webhook"]
     assert webhook["state"] == "delivered" and webhook["attempts"] == 2
     print(f"at the caller: {[turn.voice_to_voice_ms for turn in result.turns]}")
+    # /metrics moved by this call alone: a retried attempt and a delivered one, one call ended
+    # by the caller (the category the document has too), its duration once, its recording.
+    moved = (await asyncio.to_thread(settled_metrics, agents_server)).since(metrics_before)
+    took_s = time.monotonic() - began
+    assert call["end_category"] == "caller_hung_up", call["end_reason"]
+    outcomes = {o: moved.get(WEBHOOKS, outcome=o) for o in WEBHOOK_OUTCOMES}
+    assert outcomes == {**dict.fromkeys(WEBHOOK_OUTCOMES, 0), "retried": 1, "delivered": 1}
+    assert moved.get(ENDED, reason="caller_hung_up") == moved.total(ENDED) == 1
+    assert moved.get("hotline_call_duration_seconds_count", transport="twilio") == 1
+    assert 0 < moved.get("hotline_call_duration_seconds_sum", transport="twilio") < took_s
+    assert moved.get("hotline_recordings_total", outcome="written") == 1
+    assert moved.total("hotline_recordings_total") == 1
 
 
 async def test_a_tool_that_times_out_gets_an_apology_not_a_dead_call(

@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 import voice.server.tracing as tracing
 from pipeline.records import TurnRecord
+from voice.server.call_records import CallRecord
 from voice.server.tracing import TracingSettings, TurnTracer, trace_id_of, traces_url
 
 STARTED_AT = 1_700_000_000.25
@@ -177,6 +178,69 @@ def test_turns_of_one_call_share_a_trace_and_calls_do_not(
     assert len({span.context.span_id for span in spans if span.context}) == len(spans)
     # Turns are roots: no invented parent the collector would wait for.
     assert all(span.parent is None for span in turns)
+
+
+def call_record(*records: TurnRecord, **changes: object) -> CallRecord:
+    values: dict[str, object] = {
+        "call_id": "call-1",
+        "transport": "twilio",
+        "caller": "+15550001111",
+        "callee": "+15551230000",
+        "started_at": STARTED_AT,
+        "ended_at": STARTED_AT + 2.5,
+        "wants_human": False,
+        "experiment": None,
+        "arm": None,
+        "end_reason": "stop: the caller hung up",
+        "records": records,
+        "history": (),
+        "agent": "front-desk",
+        **changes,
+    }
+    return CallRecord(**values)  # type: ignore[arg-type]
+
+
+def test_a_call_that_ended_before_any_turn_still_has_its_call_span(
+    exported: InMemorySpanExporter,
+) -> None:
+    """The caller hung up during the greeting: no turn was recorded, and the trace has the
+    call from admission to hang-up, with why it ended."""
+    tracer = TurnTracer(TracingSettings(), exporter=exported)
+    tracer.record_call(call_record(call_id="call-a"))
+    tracer.record_call(call_record(call_id="still-on", ended_at=None))  # not over: no span
+    (call,) = exported.get_finished_spans()
+    assert call.name == "call" and call.parent is None
+    assert call.context is not None and call.context.trace_id == trace_id_of("call-a")
+    assert (call.start_time, call.end_time) == (ns(0), round((STARTED_AT + 2.5) * 1e9))
+    assert dict(call.attributes or {}) == {
+        "hotline.call_id": "call-a",
+        "hotline.transport": "twilio",
+        "hotline.agent": "front-desk",
+        "hotline.end_reason": "stop: the caller hung up",
+        "hotline.turns": 0,
+        "hotline.wants_human": False,
+    }
+
+
+def test_the_call_span_joins_its_turns_trace_and_says_where_it_went(
+    exported: InMemorySpanExporter,
+) -> None:
+    tracer = TurnTracer(TracingSettings(), exporter=exported)
+    cut_short = turn_record(1, timings_ms={"endpoint": 180.0, "stt": 260.5}, interrupted=True)
+    tracer.record("call-1", cut_short)
+    transfer = {"to": "+15551230001", "reason": "asked", "summary": "Reason: asked"}
+    tracer.record_call(call_record(cut_short, wants_human=True, transfer=transfer))
+    spans = exported.get_finished_spans()
+    turn = next(span for span in spans if span.name == "turn")
+    call = next(span for span in spans if span.name == "call")
+    assert turn.context is not None and call.context is not None
+    assert call.context.trace_id == turn.context.trace_id == trace_id_of("call-1")
+    assert turn.end_time == ns(260.5)  # the half-done turn ends at its last mark
+    attributes = dict(call.attributes or {})
+    assert attributes["hotline.turns"] == 1
+    assert attributes["hotline.wants_human"] is True
+    assert attributes["hotline.transfer.to"] == "+15551230001"
+    assert not any("Reason" in str(value) for value in attributes.values())  # no summary text
 
 
 def test_the_trace_id_does_not_leak_into_other_spans_of_the_tracer(

@@ -153,6 +153,16 @@ async def receiver() -> AsyncIterator[Receiver]:
 class Worker:
     outbox: WebhookOutbox
     task: asyncio.Task[None] | None
+    outcomes: list[str]  # what each attempt came to, as `on_outcome` was told (metrics)
+
+    async def told(self, count: int) -> list[str]:
+        """The attempts' outcomes once `count` were reported (each after its answer is
+        recorded, so a moment after `settled` sees it in Redis)."""
+        return await until(
+            lambda: self.outcomes if len(self.outcomes) >= count else None,
+            f"{count} outcome(s) reported",
+            WAIT_S,
+        )
 
     async def crash(self) -> None:
         """Stop its loop where it is, sends in flight and all (as a killed process would)."""
@@ -193,8 +203,11 @@ async def start(redis_server: RedisServer, receiver: Receiver) -> AsyncIterator[
         client = connect(RegistrySettings(redis_url=url, socket_timeout_s=0.5))
         http = httpx.AsyncClient()
         closers.extend([client.aclose, http.aclose])
-        outbox = WebhookOutbox(client, prefix, settings, http, worker_id, clock=clock)
-        worker = Worker(outbox, asyncio.create_task(outbox.run()) if run else None)
+        outcomes: list[str] = []
+        outbox = WebhookOutbox(
+            client, prefix, settings, http, worker_id, clock=clock, on_outcome=outcomes.append
+        )
+        worker = Worker(outbox, asyncio.create_task(outbox.run()) if run else None, outcomes)
         workers.append(worker)
         return worker
 
@@ -339,6 +352,7 @@ async def test_a_receiver_failing_twice_gets_the_third_attempt(
     assert all("call-2" in line for line in attempts)
     assert "HTTP 503" in attempts[0] and "delivered" in attempts[2]
     assert SECRET not in caplog.text
+    assert await a.told(3) == ["retried", "retried", "delivered"]
 
 
 async def test_a_429_retry_after_is_honoured(start: Start, receiver: Receiver) -> None:
@@ -369,6 +383,7 @@ async def test_a_400_fails_at_once(start: Start, receiver: Receiver) -> None:
     assert outcome["last_error"] == "HTTP 400: answer 400"
     assert outcome["failed_at"] is not None and outcome["delivered_at"] is None
     assert len(receiver.received) == 1
+    assert await a.told(1) == ["rejected"]
 
 
 async def test_retrying_gives_up_after_the_bounded_time(start: Start, receiver: Receiver) -> None:
@@ -391,6 +406,7 @@ async def test_retrying_gives_up_after_the_bounded_time(start: Start, receiver: 
     assert (outcome["state"], outcome["attempts"], outcome["last_status"]) == ("failed", 2, 503)
     assert outcome["failed_at"] - outcome["enqueued_at"] >= give_up_s
     assert len(receiver.received) == 2
+    assert await a.told(2) == ["retried", "given_up"]
 
 
 async def test_an_unreachable_receiver_is_retried_until_given_up(start: Start) -> None:
@@ -424,6 +440,24 @@ async def test_a_worker_that_crashes_mid_send_leaves_it_to_another_after_the_lea
     assert first.delivery_id == second.delivery_id == delivery_id  # the receiver de-duplicates
     assert first.body == second.body and second.signed
     assert lease_until is not None and second.at >= lease_until  # not before a's lease ended
+    assert (outcome["state"], outcome["attempts"], outcome["last_status"]) == ("delivered", 2, 200)
+
+
+async def test_an_answer_after_the_lease_is_superseded_by_the_worker_that_took_it(
+    start: Start, receiver: Receiver
+) -> None:
+    """A's send is held past its lease (B's clock is past it), B takes the delivery and it is
+    delivered; A's late answer is then not recorded, and reported as superseded."""
+    receiver.hold = 1
+    a = await start("a")
+    delivery_id = await a.outbox.enqueue("call-13", DOCUMENT)
+    await receiver.arrived(1)  # a's send is in flight, unanswered
+    b = await start("b", clock=lambda: time.time() + a.outbox.settings.lease + 1.0)
+    await receiver.arrived(2)
+    assert await b.told(1) == ["delivered"]
+    receiver.release.set()  # a's answer comes now, too late
+    assert await a.told(1) == ["superseded"]
+    outcome = await settled(a.outbox, delivery_id)
     assert (outcome["state"], outcome["attempts"], outcome["last_status"]) == ("delivered", 2, 200)
 
 

@@ -4,14 +4,17 @@ start-up and shared by all its calls (a tool keeps no state of its own between c
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import httpx
 
+from pipeline.llm.client import ChatMessage
 from pipeline.tool_turns import ToolSettings
+from pipeline.tools import Transfer
 from pipeline.tts import TextToSpeech, TTSSettings
 from voice.agents.agent import Agent
-from voice.agents.builtin import builtin_tools
+from voice.agents.builtin import builtin_tools, warm_summary
 from voice.agents.directory import AgentDirectory
 from voice.agents.http_tools import HttpTool
 from voice.agents.toolbox import CallTool, CallToolbox
@@ -45,6 +48,18 @@ class ReadyAgent:
         chosen = name or transfers.default or next(iter(transfers.targets))
         target = transfers.targets.get(chosen)
         return target.to if target is not None else None
+
+    def handed_over(self, action: Transfer, history: Sequence[ChatMessage]) -> Transfer:
+        """`action` with what the person is told when the agent's transfers are warm: the
+        summary `transfer_to_human` makes, here of the call's `history` so far, for transfers
+        asked otherwise (the person key, the calls API, the console). One already made is
+        kept."""
+        if action.summary or not self.agent.transfer.warm:
+            return action
+        transcript = [
+            (m.role, m.content) for m in history if m.role in ("user", "assistant") and m.content
+        ]
+        return replace(action, summary=warm_summary(action.reason, transcript))
 
 
 class Agents:

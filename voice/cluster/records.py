@@ -57,6 +57,7 @@ class RegisteredCall:
     # webhook that asks what to do once the bot's stream has ended (Twilio `<Connect action>`).
     transfer: dict[str, str] | None = None
     agent: str | None = None  # the agent that answers
+    wants_human: bool = False  # it asked for a person (the key) or was put through to one
     # Where its recording is: {"worker_id", "file", "duration_s", "bytes", "s3_key", ...}
     # (voice.recordings.calls.RecordingLocation), once the call has ended.
     recording: dict[str, object] | None = None

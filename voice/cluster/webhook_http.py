@@ -10,12 +10,19 @@ import email.utils
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC
+from typing import Literal, get_args
 
 import httpx
 
 from voice.agents.http_tools import user_agent
 
 _ERROR_TEXT_CHARS = 200  # of a non-2xx answer's body, in `last_error`
+
+# What one attempt came to, as the outbox's `on_outcome` is told: delivered; retried (another
+# attempt follows); rejected (a status that is not retried: failed); given_up (failed at the
+# deadline); superseded (its lease ran out and another worker took it, which records it).
+Outcome = Literal["delivered", "retried", "rejected", "given_up", "superseded"]
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 
 
 @dataclass(frozen=True)

@@ -57,17 +57,17 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Self, cast
+from typing import Any, cast
 
 import httpx
 import redis.asyncio as aioredis
-from pydantic import BaseModel, Field, HttpUrl, SecretStr, model_validator
 from redis.exceptions import RedisError
 
 from voice.agents.http_tools import CALL_ID_HEADER, SIGNATURE_HEADER, sign
 from voice.cluster.records import RegistryUnavailable
 from voice.cluster.store import REDIS_UNREACHABLE, Args, not_cancelled, text
-from voice.cluster.webhook_http import Answer, post
+from voice.cluster.webhook_http import Answer, Outcome, post
+from voice.cluster.webhook_settings import WebhookSettings as WebhookSettings  # re-exported
 from voice.cluster.webhook_store import (
     CLAIM,
     ENQUEUE,
@@ -86,36 +86,6 @@ CALL_ENDED = "call.ended"
 POLL_S = 1.0  # the longest `run` sleeps before looking at the due set again
 JITTER = 0.25  # a retry comes up to this fraction of its backoff sooner
 _RETRYABLE = frozenset({408, 429})
-
-
-class WebhookSettings(BaseModel):
-    """Where post-call webhooks go and how hard Hotline tries (`HOTLINE_WEBHOOK__*`)."""
-
-    url: HttpUrl | None = None  # None: no deliveries
-    secret: SecretStr | None = None  # signs every delivery; required with `url`
-    timeout_s: float = Field(default=10.0, gt=0)  # one attempt, the whole request
-    give_up_after_s: float = Field(default=24 * 3600, gt=0)  # since enqueued: then `failed`
-    first_retry_s: float = Field(default=2.0, gt=0)  # backoff doubles, capped at max_retry_s
-    max_retry_s: float = Field(default=300.0, gt=0)
-    lease_s: float | None = Field(default=None, gt=0)  # a worker's hold on a delivery it
-    # sends; None: timeout_s + 10. Past it the delivery is sent again (the worker died).
-    concurrency: int = Field(default=8, ge=1)  # deliveries one worker sends at once
-    retention_s: int = Field(default=7 * 24 * 3600, ge=1)  # final outcomes kept this long
-
-    @model_validator(mode="after")
-    def _check(self) -> Self:
-        if self.url is not None and (self.secret is None or not self.secret.get_secret_value()):
-            raise ValueError(
-                "webhook.url is set but its secret is not: set HOTLINE_WEBHOOK__SECRET "
-                "(every delivery is signed with it)"
-            )
-        if self.lease_s is not None and self.lease_s <= self.timeout_s:
-            raise ValueError("webhook.lease_s must be longer than webhook.timeout_s")
-        return self
-
-    @property
-    def lease(self) -> float:
-        return self.lease_s if self.lease_s is not None else self.timeout_s + 10.0
 
 
 @dataclass(frozen=True)
@@ -141,12 +111,15 @@ class WebhookOutbox:
         client: httpx.AsyncClient,
         worker_id: str,
         clock: Callable[[], float] = time.time,
+        on_outcome: Callable[[Outcome], None] | None = None,
     ) -> None:
+        """`on_outcome` is told what each attempt came to (`Outcome`), once it is recorded."""
         if settings.url is None or settings.secret is None:
             raise ValueError("no webhook URL is configured: there is nothing to deliver")
         self.redis, self.settings, self.worker_id = redis, settings, worker_id
         self.healthy = True  # Redis answered the last command
         self._prefix, self._client, self._clock = prefix, client, clock
+        self._on_outcome = on_outcome
         self._url, self._secret = str(settings.url), settings.secret.get_secret_value().encode()
         self._due = due_key(prefix)
         self._wake = asyncio.Event()
@@ -332,17 +305,18 @@ class WebhookOutbox:
         fields["last_error"] = answer.error or ""
         next_at: float | None = None
         what = f"HTTP {status}" if status is not None else (answer.error or "no answer")
+        kind: Outcome = "retried"
         if status is not None and 200 <= status < 300:
             fields |= {"state": "delivered", "delivered_at": repr(now)}
-            outcome = f"delivered ({what})"
+            outcome, kind = f"delivered ({what})", "delivered"
         elif status is not None and not (status in _RETRYABLE or status >= 500):
             fields |= {"state": "failed", "failed_at": repr(now)}
-            outcome = f"failed ({what}), not retried"
+            outcome, kind = f"failed ({what}), not retried", "rejected"
         else:
             deadline = delivery.enqueued_at + settings.give_up_after_s
             if now >= deadline:
                 fields |= {"state": "failed", "failed_at": repr(now)}
-                outcome = f"{what}; gave up after {delivery.attempts} attempts"
+                outcome, kind = f"{what}; gave up after {delivery.attempts} attempts", "given_up"
             else:
                 backoff = settings.first_retry_s * 2 ** min(delivery.attempts - 1, 60)
                 delay = min(settings.max_retry_s, backoff) * (1 - JITTER * random.random())
@@ -371,6 +345,9 @@ class WebhookOutbox:
                 "webhook: delivery %s was taken again meanwhile; its outcome is recorded there",
                 delivery.delivery_id,
             )
+            kind = "superseded"
+        if self._on_outcome is not None:
+            self._on_outcome(kind)
 
     async def _until_written(self, write: Callable[[], Any]) -> Any:
         """`await write()`, again and again while Redis is unreachable ("writes wait")."""

@@ -19,6 +19,7 @@ from voice.cluster.webhook_store import MAX_BODY_BYTES, json_body
 from voice.cluster.webhooks import WebhookOutbox
 from voice.recordings.calls import CallRecordings, RecordingLocation
 from voice.recordings.recorder import CallRecorder
+from voice.server import metrics
 from voice.server.call_records import CallRecord, recording_view
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,13 @@ class AfterCall:
         if recorder is None or self.recordings is None:
             return None
         try:
-            return await self.recordings.close(recorder)
+            location = await self.recordings.close(recorder)
         except Exception:
             log.exception("call %s: the recording could not be closed", recorder.call_id)
+            metrics.RECORDINGS.labels(outcome="failed").inc()
             return None
+        metrics.RECORDINGS.labels(outcome="empty" if location is None else "written").inc()
+        return location
 
     async def finish(self, record: CallRecord) -> CallRecord:
         """Copy the recording to the bucket (noting its key in Redis), then queue the webhook.
@@ -59,6 +63,9 @@ class AfterCall:
         location = RecordingLocation.of(record.recording)
         if location is not None and self.recordings is not None:
             copied = await self.recordings.copy(record.call_id, location)
+            if self.recordings.store.bucket_configured:
+                uploaded = "failed" if copied.s3_key is None else "uploaded"
+                metrics.RECORDING_UPLOADS.labels(outcome=uploaded).inc()
             if copied.s3_key is not None:
                 await self.sessions.flush(timeout_s=5.0)  # the final record first: then add
                 try:
@@ -94,6 +101,7 @@ class AfterCall:
             delivery = await self.outbox.enqueue(record.call_id, document, wait_s=60.0)
         except Exception:
             log.exception("call %s: the post-call webhook could not be queued", record.call_id)
+            metrics.WEBHOOKS.labels(outcome="dropped").inc()
             return
         self.webhook_deliveries[record.call_id] = delivery
         while len(self.webhook_deliveries) > _KEPT:

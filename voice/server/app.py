@@ -153,6 +153,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
                 settings.webhook,
                 tool_client,
                 worker.worker_id,
+                on_outcome=metrics.count_webhook,
             )
             deliveries = asyncio.create_task(outbox.run(), name="webhooks")
             stack.callback(deliveries.cancel)

@@ -49,7 +49,12 @@ class CallActions:
         worker the provider asks next), shown to the caller's screen, then the bot leaves the
         call. Twilio: closing the stream makes Twilio ask /twilio/after-stream, which dials;
         Telnyx and Vonage: their call control API transfers the call first (if it fails:
-        ActionFailed, the caller is told and the call goes on with the bot)."""
+        ActionFailed, the caller is told and the call goes on with the bot). Every target is
+        a person: the call is flagged `wants_human`, whoever asked; a warm agent's summary is
+        added when the tool did not make one."""
+        call.wants_human = True
+        if call.agent is not None:
+            action = call.agent.handed_over(action, call.conversation.history)
         outcome = None
         if call.transport not in ("twilio", "webrtc"):
             # Telnyx, Vonage: the provider's call control moves the caller; SIP: a REFER (the
@@ -72,7 +77,7 @@ class CallActions:
         if outcome is not None:
             call.transfer["outcome"] = outcome
         metrics.TRANSFERS.labels(transport=call.transport).inc()
-        self.sessions.update_call(call.call_id, transfer=call.transfer)
+        self.sessions.update_call(call.call_id, transfer=call.transfer, wants_human=True)
         if not await self.sessions.flush(timeout_s=2.0):
             log.warning("call %s: the transfer may not have reached Redis", call.call_id)
         event: dict[str, object] = {

@@ -15,6 +15,7 @@ from pipeline.records import TurnRecord
 from voice.agents.runtime import ReadyAgent
 from voice.recordings.calls import RecordingLocation
 from voice.recordings.recorder import CallRecorder
+from voice.server.end_reasons import end_category
 from voice.transports.listen_in import Listeners
 
 
@@ -89,6 +90,8 @@ class CallRecord:
             "experiment": self.experiment,
             "arm": self.arm,
             "end_reason": self.end_reason,
+            # its fixed category (voice.server.end_reasons), once it ended
+            "end_category": end_category(self.end_reason) if self.ended_at is not None else None,
             "transfer": self.transfer,
             "agent": self.agent,
         }
@@ -117,7 +120,7 @@ class Call:
     callee: str | None = None
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
-    wants_human: bool = False  # the caller asked for a person (keypad)
+    wants_human: bool = False  # the caller asked for a person (keypad) or was put through to one
     experiment: str | None = None
     arm: str | None = None
     task: asyncio.Task[None] | None = None

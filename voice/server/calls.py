@@ -239,11 +239,13 @@ class Switchboard:
         return mode, self.recordings.notice(agent.recording_notice if agent else None)
 
     async def _run(self, call: Call, transport: Transport) -> None:
+        began = time.monotonic()
         try:
             await call.conversation.run()
         except Exception:
             log.exception("call %s: conversation failed", call.call_id)
         finally:
+            lasted_s = time.monotonic() - began
             if call.listeners is not None:
                 await call.listeners.close()
             await transport.close()
@@ -255,11 +257,14 @@ class Switchboard:
                     self.sessions.update_call(call.call_id, recording=call.recording)
             self._note_notice(call)  # also when the caller hung up before hearing it
             self.sessions.end_call(call.call_id, reason=call.conversation.end_reason)
+            metrics.observe_call_end(call.transport, call.conversation.end_reason, lasted_s)
             self.active.pop(call.call_id, None)
             metrics.ACTIVE_CALLS.set(len(self.active))
             if not self.active:
                 self._idle.set()
             record = call.record()  # not the conversation: see CallRecord
+            if self.tracer is not None:
+                self.tracer.record_call(record)  # also a call that ended before any turn
             self.finished[call.call_id] = record
             while len(self.finished) > _FINISHED_KEPT:
                 self.finished.popitem(last=False)
@@ -274,6 +279,8 @@ class Switchboard:
         if call is None or digit != self.settings.telephony.human_digit:
             return False
         call.wants_human = True
+        with contextlib.suppress(UnknownCall):  # any worker's GET /calls/{id} shows it
+            self.sessions.update_call(call_id, wants_human=True)
         log.info("call %s: caller asked for a person", call.call_id)
         call.conversation.transport.send_event({"type": "human_requested"})
         target = call.agent.transfer_target() if call.agent is not None else None

@@ -8,6 +8,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from pipeline.records import STAGES, TurnRecord
 from pipeline.scheduling import UrgentFirst
+from voice.cluster.webhook_http import OUTCOMES as WEBHOOK_OUTCOMES
+from voice.server.end_reasons import CATEGORIES, end_category
 
 ACTIVE_CALLS = Gauge("hotline_active_calls", "Calls in progress on this worker.")
 DRAINING = Gauge("hotline_draining", "1 while this worker drains (admits no new calls).")
@@ -58,6 +60,53 @@ TTS_WAITING = Gauge(
 TRANSFERS = Counter(
     "hotline_transfers_total", "Calls the agent put through to a person.", ["transport"]
 )
+CALLS_ENDED = Counter(
+    "hotline_calls_ended_total",
+    "Calls ended, by why (voice.server.end_reasons: a fixed set, never the free text).",
+    ["reason"],
+)
+CALL_DURATION = Histogram(
+    "hotline_call_duration_seconds",
+    "How long calls lasted, from the conversation's start to its end.",
+    ["transport"],
+    buckets=(1, 5, 10, 20, 30, 60, 90, 120, 180, 300, 450, 600, 900, 1200, 1800, 2700, 3600),
+)
+WEBHOOKS = Counter(
+    "hotline_webhook_deliveries_total",
+    "Post-call webhook attempts by what they came to: delivered, retried, rejected (a status "
+    "not retried), given_up (retried until the deadline), superseded (another worker took it "
+    "again meanwhile), dropped (never queued).",
+    ["outcome"],
+)
+RECORDINGS = Counter(
+    "hotline_recordings_total",
+    "Call recordings closed: written, empty (no audio came), failed.",
+    ["outcome"],
+)
+RECORDING_UPLOADS = Counter(
+    "hotline_recording_uploads_total",
+    "Recordings copied to the bucket (uploaded) or not (failed, after retries).",
+    ["outcome"],
+)
+for _reason in CATEGORIES:  # every series from the start, so that rate() sees the first one
+    CALLS_ENDED.labels(reason=_reason)
+for _outcome in (*WEBHOOK_OUTCOMES, "dropped"):
+    WEBHOOKS.labels(outcome=_outcome)
+for _outcome in ("written", "empty", "failed"):
+    RECORDINGS.labels(outcome=_outcome)
+for _outcome in ("uploaded", "failed"):
+    RECORDING_UPLOADS.labels(outcome=_outcome)
+
+
+def observe_call_end(transport: str, end_reason: str | None, duration_s: float) -> None:
+    """Count an ended call by its end category and observe how long it lasted."""
+    CALLS_ENDED.labels(reason=end_category(end_reason)).inc()
+    CALL_DURATION.labels(transport=transport).observe(max(0.0, duration_s))
+
+
+def count_webhook(outcome: str) -> None:
+    """Count one post-call webhook attempt's outcome (`WebhookOutbox`'s `on_outcome`)."""
+    WEBHOOKS.labels(outcome=outcome).inc()
 
 
 def watch_queues(recognizers: Sequence[UrgentFirst], voices: Sequence[UrgentFirst]) -> None:

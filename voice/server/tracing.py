@@ -1,4 +1,5 @@
-"""OpenTelemetry spans for finished turns, built after the fact from their `TurnRecord`s.
+"""OpenTelemetry spans for finished turns and ended calls, built after the fact from their
+records (`TurnRecord`, `CallRecord`).
 
 Nothing in the pipeline is instrumented: each turn already leaves one record behind, with the
 wall clock at the end of the caller's speech (`started_at`, the zero of the turn) and each
@@ -29,12 +30,22 @@ exact for the calls of a first round, early for those of later rounds. The `turn
 `hotline.tools_ms`, the time the turn actually waited on tools.
 
 Trace ids are derived from the call id (the first 16 bytes of its SHA-256), not kept in a
-per-call table: the tracer only sees turns, never the end of a call, so a table would have to
-guess when to forget; any worker (or a restarted one) that records a turn of the call puts it in
-the same trace; and whoever holds a call id (the calls API, logs, Redis records) can open its
-trace without a lookup. A call's turns are therefore sibling root spans of one trace (there is
-no `call` span: its end is not known here), which Jaeger and Tempo show as one trace, a span a
+per-call table: a table would have to guess when to forget; any worker (or a restarted one)
+that records a turn of the call puts it in the same trace; and whoever holds a call id (the
+calls API, logs, Redis records) can open its trace without a lookup. A call's turns are
+therefore sibling root spans of one trace, which Jaeger and Tempo show as one trace, a span a
 turn, as LiveKit and Pipecat users expect.
+
+When the call ends, `record_call` adds one more root span to the trace::
+
+    call         admitted -> ended: transport, agent, why it ended, how many turns were
+                 recorded, whether the caller wanted a person, where it was put through
+
+so a call that ended before any turn was recorded (the caller hung up during the greeting)
+still leaves a trace. Turns are not its children: they are exported as they finish, before
+the call span exists, and a worker that dies mid-call would leave them waiting on a parent
+that never comes. A turn cut short by the hang-up is recorded by the conversation (what was
+heard, `interrupted`) before the call ends, and traced like any other.
 
 Texts stay out of spans unless `include_text` (the caller's words and the tool arguments can be
 personal data); the length of the caller's text is always there.
@@ -47,6 +58,7 @@ import hashlib
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry import trace
@@ -61,6 +73,9 @@ from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel, Field
 
 from pipeline.records import STAGES, TurnRecord
+
+if TYPE_CHECKING:  # the spans only read the record; call_records imports the pipeline
+    from voice.server.call_records import CallRecord
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +201,25 @@ class TurnTracer:
             log.warning(
                 "tracing: no spans for call %s turn %s", call_id, record.turn, exc_info=True
             )
+
+    def record_call(self, call: CallRecord) -> None:
+        """The `call` span of a call that has ended (module docstring); never raises."""
+        if self.provider is None or call.ended_at is None:
+            return
+        try:
+            self._ids.of_call(call.call_id)  # this thread's next trace id: the call's
+            try:
+                span = self._tracer.start_span(
+                    "call",
+                    context=Context(),  # a root span, like the turns
+                    start_time=round(call.started_at * 1e9),
+                    attributes=_call_attributes(call),
+                )
+            finally:
+                self._ids.of_call(None)
+            span.end(end_time=round(max(call.ended_at, call.started_at) * 1e9))
+        except Exception:
+            log.warning("tracing: no call span for call %s", call.call_id, exc_info=True)
 
     def force_flush(self, timeout_s: float = 5.0) -> bool:
         """Export every span ended so far; False when that did not finish in time."""
@@ -319,6 +353,23 @@ def _turn_attributes(
     if settings.include_text:
         values["hotline.caller_text"] = record.caller_text
         values["hotline.reply_text"] = record.reply_text
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def _call_attributes(call: CallRecord) -> dict[str, AttributeValue]:
+    transfer = call.transfer or {}
+    values: dict[str, AttributeValue | None] = {
+        "hotline.call_id": call.call_id,
+        "hotline.transport": call.transport,
+        "hotline.agent": call.agent,
+        "hotline.end_reason": call.end_reason,
+        "hotline.turns": len(call.records),
+        "hotline.wants_human": call.wants_human,
+        "hotline.transfer.to": transfer.get("to"),
+        "hotline.transfer.outcome": transfer.get("outcome"),
+        "hotline.experiment": call.experiment,
+        "hotline.arm": call.arm,
+    }
     return {key: value for key, value in values.items() if value is not None}
 
 
