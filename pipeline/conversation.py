@@ -41,7 +41,7 @@ from pipeline.keypad import Keypad
 from pipeline.llm.client import ChatMessage
 from pipeline.llm.errors import LLMError
 from pipeline.long_turns import LongTurns
-from pipeline.opening import NOTICE_ATTEMPTS, Notice, announce
+from pipeline.opening import ANNOUNCEMENT, NOTICE_ATTEMPTS, Notice, announce
 from pipeline.records import TurnClock, TurnRecord
 from pipeline.replies import (
     Reply,
@@ -255,12 +255,15 @@ class Conversation:
         await self.transport.clear()
         await self._stop(task)
 
-    async def say(self, text: str, then: CallAction | None = None) -> None:
+    async def say(
+        self, text: str, then: CallAction | None = None, source: str = ANNOUNCEMENT
+    ) -> None:
         """Speak `text` into the call now, cutting off any reply in progress; once it has been
-        heard in full, carry out `then` (e.g. put the caller through)."""
+        heard in full, carry out `then` (e.g. put the caller through). `source`: who speaks
+        it (`pipeline.opening.OPERATOR` for a supervisor), as the history and watchers see it."""
         self._discard_speculation("an announcement")
         await self._interrupt()
-        self._response = asyncio.create_task(self._announce(text, then))
+        self._response = asyncio.create_task(self._announce(text, then, source))
 
     # -- keypad -----------------------------------------------------------------------------
 
@@ -655,6 +658,7 @@ class Conversation:
             {
                 "type": "transcript",
                 "role": "bot",
+                "source": "bot",
                 "turn": record.turn,
                 "text": record.reply_text,
                 "interrupted": record.interrupted,
@@ -705,12 +709,22 @@ class Conversation:
         if self.settings.greeting:
             await self._say(self.settings.greeting)
 
-    async def _announce(self, text: str, then: CallAction | None = None) -> None:
+    async def _announce(
+        self, text: str, then: CallAction | None = None, source: str = ANNOUNCEMENT
+    ) -> None:
         """Speak a fixed text (an operator's message); once heard in full, carry out `then`."""
-        if await self._say(text) and then is not None:
+        if await self._say(text, source=source) and then is not None:
             await self._carry_out_action(then)
 
-    def _say(self, text: str, notice: Notice | None = None) -> Awaitable[bool]:
-        """Speak a fixed text (`pipeline.opening.announce`): history keeps what was heard."""
-        settings = self.sentence_settings
-        return announce(text, self.transport, self._speak, settings, self.history, notice)
+    def _say(
+        self, text: str, notice: Notice | None = None, source: str = ANNOUNCEMENT
+    ) -> Awaitable[bool]:
+        """Speak a fixed text (`pipeline.opening.announce`): history keeps what was heard, and
+        watchers see it as a bot line spoken by `source`."""
+
+        def heard(message: ChatMessage) -> None:
+            event = {"type": "transcript", "role": "bot", "source": source}
+            self._emit({**event, "text": message.content, "after_turn": len(self.records)})
+
+        settings, history = self.sentence_settings, self.history
+        return announce(text, self.transport, self._speak, settings, history, notice, source, heard)

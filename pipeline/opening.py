@@ -36,6 +36,9 @@ from pipeline.transport import PlaybackCleared, Transport
 log = logging.getLogger(__name__)
 
 NOTICE_ATTEMPTS = 2  # tries of a notice the caller cuts short, before recording stays off
+# Who spoke a fixed text (`ChatMessage.source`): a supervisor, or the call itself (the greeting,
+# the notice, the human message); the bot's own replies have no source.
+OPERATOR, ANNOUNCEMENT = "operator", "announcement"
 
 # queues one sentence of a reply (or of a fixed text), adding it to that reply's spoken list
 SpeakSentence = Callable[[str, list[Spoken], TurnClock], Awaitable[list[asyncio.Task[None]]]]
@@ -185,10 +188,13 @@ async def announce(
     sentence_settings: SentenceSettings | None,
     history: list[ChatMessage],
     notice: Notice | None = None,
+    source: str = ANNOUNCEMENT,
+    on_heard: Callable[[ChatMessage], None] | None = None,
 ) -> bool:
     """Speak a fixed text (after the notice, if it is given and owed), sentence by sentence;
     True once the caller has heard its last sample, False if playback was cleared first.
-    `history` takes what was heard, also when this is cancelled."""
+    `history` takes what was heard (from `source`), also when this is cancelled; `on_heard`
+    is told of it."""
     spoken: list[Spoken] = []
     watchers: list[asyncio.Task[None]] = []
     clock = TurnClock(time.monotonic())
@@ -214,4 +220,7 @@ async def announce(
             notice.stopped(spoken)
         heard = heard_text(spoken, transport.played_samples)
         if heard:
-            history.append(ChatMessage(role="assistant", content=heard))
+            message = ChatMessage(role="assistant", content=heard, source=source)
+            history.append(message)
+            if on_heard is not None:
+                on_heard(message)

@@ -187,7 +187,8 @@ class ToolRunner:
                 await holding
         for result in results:
             name, ok, ms = result.call.name, result.ok, result.ms
-            self.emit({"type": "tool_result", "turn": turn, "name": name, "ok": ok, "ms": ms})
+            event = {"type": "tool_result", "turn": turn, "name": name, "ok": ok, "ms": ms}
+            self.emit({**event, "output": result.output[:_OUTPUT_KEPT]})
 
     async def _hold(self, speak: Callable[[str], Awaitable[None]]) -> None:
         if not self.settings.holding_phrase:

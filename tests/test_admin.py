@@ -207,7 +207,8 @@ async def test_say_speaks_into_a_call_and_turn_metrics_count(server: Server) -> 
         result = await call
         detail = (await http.get(f"/calls/{sid}")).json()
         metrics = (await http.get("/metrics")).text
-    assert {"role": "assistant", "content": "This is a test."} in detail["history"]
+    said = {"role": "assistant", "content": "This is a test.", "source": "operator"}
+    assert said in detail["history"]
     assert result.turns[-1].reply_start is not None
     assert 'hotline_turn_latency_seconds_count{part="first_audio"}' in metrics
     assert 'hotline_turn_decisions_total{taken="planned"}' in metrics

@@ -1,7 +1,9 @@
 """The supervisor console in a real browser (Debian's chromium, headless, Playwright), served by
 worker B while the call runs on worker A (two real `hotline serve` sharing a real Redis), the
 caller the faithful Twilio phone speaking real speech: sign-in, the live call, its live
-transcript, listen-in audio from A over WebRTC, say, and a hang-up from the console.
+transcript (the greeting, a tool's result as fields, the operator's message), listen-in audio
+from A over WebRTC, say, and a hang-up from the console; the same transcript after the call.
+The softphone page signs in with the console's form.
 
 With HOTLINE_UPDATE_SCREENSHOT=1 it also renews the README's screenshot of the console."""
 
@@ -11,14 +13,16 @@ import asyncio
 import json
 import math
 import os
+import threading
 import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 import websockets
-from playwright.async_api import Page, async_playwright
+from playwright.async_api import Dialog, Page, async_playwright
 
 from tests.support.browser import chromium
 from tests.support.redis_server import RedisServer
@@ -31,6 +35,21 @@ pytestmark = pytest.mark.slow
 TOKEN = "console-browser-api-token-3c1d"
 TWILIO_TOKEN = "console-browser-twilio-token"
 SCREENSHOT = Path("deploy/screenshots/console.png")
+GREETING = "Thanks for calling the garden centre."
+ORDERS = "+15559870042"  # the number the console's call dials: the agent with the order tool
+ORDER_AGENT = """
+name: garden-orders
+numbers: ["{number}"]
+instructions: You answer questions about orders of plants and bulbs.
+tools:
+  - name: order_status
+    description: Look up an order by its number
+    parameters:
+      type: object
+      properties: {{order_number: {{type: string}}}}
+      required: [order_number]
+    url: {url}
+"""
 # Seconds of audio the recording player could load (its metadata), or -1 if it failed.
 PLAYABLE_SECONDS = """() => new Promise((resolve) => {
   const audio = document.getElementById("recording");
@@ -42,13 +61,46 @@ PLAYABLE_SECONDS = """() => new Promise((resolve) => {
 })"""
 
 
+class OrderStatus(BaseHTTPRequestHandler):
+    """The operator's order service: every order has shipped."""
+
+    def do_POST(self) -> None:
+        asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        number = asked["arguments"].get("order_number", "")
+        answer = json.dumps({"order": number, "status": "shipped", "eta": "Friday"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
-def workers(redis_server: RedisServer) -> Iterator[tuple[Server, Server]]:
+def order_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A directory with the agent of the order line, its order service running."""
+    service = ThreadingHTTPServer(("127.0.0.1", 0), OrderStatus)
+    thread = threading.Thread(target=service.serve_forever, daemon=True)
+    thread.start()
+    directory = tmp_path_factory.mktemp("agents")
+    url = f"http://127.0.0.1:{service.server_address[1]}/status"
+    (directory / "orders.yaml").write_text(ORDER_AGENT.format(number=ORDERS, url=url))
+    yield directory
+    service.shutdown()
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def workers(redis_server: RedisServer, order_agents: Path) -> Iterator[tuple[Server, Server]]:
     shared = {
         "HOTLINE_REDIS_URL": redis_server.url,
         "HOTLINE_API_TOKEN": TOKEN,
         "HOTLINE_TELEPHONY__TWILIO_AUTH_TOKEN": TWILIO_TOKEN,
-        "HOTLINE_CONVERSATION__GREETING": "Thanks for calling the garden centre.",
+        "HOTLINE_CONVERSATION__GREETING": GREETING,
+        "HOTLINE_AGENTS__DIR": str(order_agents),
+        "HOTLINE_AGENTS__SIGNING_SECRET": "console-browser-signing-secret",
     }
     a = start_server(shared)
     try:
@@ -82,16 +134,54 @@ async def loudest_rms(page: Page, within_s: float) -> float:
     return loudest
 
 
+async def shows_the_transcript(page: Page) -> None:
+    """The call's transcript as said: the greeting first (an announcement), the order tool's
+    result as its fields, the operator's message as the operator's."""
+    greeting = page.locator("#transcript .line.announcement", has_text="garden centre")
+    await greeting.wait_for(timeout=30_000)
+    first = await page.locator("#transcript .line").first.get_attribute("class")
+    assert "announcement" in (first or ""), first
+    result = page.locator("#transcript .line.tool", has=page.locator("dl.fields"))
+    await result.first.wait_for(timeout=30_000)
+    assert (await result.first.locator(".text").inner_text()).startswith("order_status ok")
+    fields = await result.first.locator("dl.fields").inner_text()
+    assert "status" in fields and "shipped" in fields and "Friday" in fields, fields
+    operator = page.locator("#transcript .line.operator", has_text="supervisor is listening")
+    await operator.wait_for(timeout=20_000)
+    assert await page.locator("#transcript", has_text="operator said").count() == 0
+
+
+async def shows_the_chart_labelled(page: Page) -> None:
+    """Each turn's number is first audio, the red line the budget, both said so."""
+    value = await page.locator("#chart g.turn text.first-audio").first.text_content()
+    assert (value or "").startswith("first audio "), value
+    budget = await page.locator("#chart text.budget-label").first.text_content()
+    assert (budget or "").startswith("budget "), budget
+    legend = await page.locator("#chart-legend").inner_text()
+    assert "budget" in legend and "first audio" in legend, legend
+
+
+async def hangs_up_once_confirmed(page: Page) -> str:
+    """Hang up, accepting the page's question; the question."""
+    asked: list[str] = []
+
+    async def accept(dialog: Dialog) -> None:
+        asked.append(dialog.message)
+        await dialog.accept()
+
+    page.once("dialog", accept)
+    await page.click("#hangup")
+    await page.locator("#call-state", has_text="ended").wait_for(timeout=20_000)
+    assert asked, "hung up without asking"
+    return asked[0]
+
+
 async def test_console_shows_listens_to_and_hangs_up_a_call_of_another_worker(
     workers: tuple[Server, Server], tmp_path: Path
 ) -> None:
     a, b = workers
     call_id = f"CA{uuid.uuid4().hex}"
-    lines = [
-        "I would like to order some tulip bulbs for my garden.",
-        "Do you deliver on Saturdays?",
-        "And how much is the delivery?",
-    ]
+    lines = ["Where is my order, number four five one two?", "Do you deliver on Saturdays?"]
     utterances = [concat(silence(2500), piper(text), silence(300)) for text in lines]
     phone = asyncio.create_task(
         place_twilio_call(
@@ -99,6 +189,7 @@ async def test_console_shows_listens_to_and_hangs_up_a_call_of_another_worker(
             utterances,
             auth_token=TWILIO_TOKEN,
             call_sid=call_id,
+            parameters={"to": ORDERS},
             quiet_s=1.0,
             linger_s=120.0,  # stays on the line until the console hangs up
         )
@@ -115,31 +206,37 @@ async def test_console_shows_listens_to_and_hangs_up_a_call_of_another_worker(
             await row.click()
             caller_line = page.locator("#transcript .line.caller").first
             await caller_line.wait_for(timeout=45_000)
-            assert (
-                "tulip" in (await caller_line.inner_text()).lower()
-                or "order" in (await caller_line.inner_text()).lower()
-            )
+            assert "order" in (await caller_line.inner_text()).lower()
             await page.locator("#transcript .line.bot").first.wait_for(timeout=45_000)
             await page.locator("#turns tbody tr[data-turn]").first.wait_for(timeout=30_000)
             await page.locator("#chart g.turn").first.wait_for(timeout=30_000)
+            await shows_the_chart_labelled(page)
             # listen-in: the call's audio, both sides, from worker A
             await page.click("#listen")
             rms = await loudest_rms(page, within_s=30.0)
             print(f"\nlisten-in RMS {rms:.3f}")
             assert rms > 0.02, "no audio reached the supervisor"
+            # said once the caller has said all (their speech would cut it short); it cuts
+            # the bot's answer short
+            await page.locator("#transcript .line.caller").nth(1).wait_for(timeout=45_000)
             await page.fill("#say-text", "A supervisor is listening.")
             await page.click("#say")
-            await page.locator(
-                "#transcript .line.note", has_text="supervisor is listening"
-            ).wait_for(timeout=10_000)
+            await shows_the_transcript(page)  # live, the operator's line once it was heard
             shot = SCREENSHOT if os.environ.get("HOTLINE_UPDATE_SCREENSHOT") else None
             await page.screenshot(path=shot or tmp_path / "console.png")
-            # a hang-up from the console ends the call (the phone's stream is closed)
-            await page.click("#hangup")
+            # a hang-up from the console, once confirmed, ends the call (the phone's stream is
+            # closed)
+            assert call_id in await hangs_up_once_confirmed(page)
             result = await asyncio.wait_for(phone, 30)
             assert result.rejected is None
+            # the ended call, shown afresh: the same transcript, from the call's events ...
+            await page.reload()
             await page.locator("#call-state", has_text="ended").wait_for(timeout=20_000)
-            # the ended call: its recording (on worker A) plays in the page served by B
+            await shows_the_transcript(page)
+            raw = page.locator("#transcript .line.tool details.raw").first
+            await raw.locator("summary").click()  # the tool's raw JSON, one click away
+            assert '"status":"shipped"' in await raw.locator("pre").inner_text()
+            # ... and its recording (on worker A) plays in the page served by B
             await page.locator("audio#recording").wait_for(timeout=20_000)
             duration = await page.evaluate(PLAYABLE_SECONDS)
             # finite: the player asked byte ranges for the end of the file and was answered
@@ -155,6 +252,37 @@ async def test_console_shows_listens_to_and_hangs_up_a_call_of_another_worker(
         detail = (await client.get(f"{b.url}/calls/{call_id}", timeout=10)).json()
     assert detail["state"] == "ended"
     assert detail["end_reason"] == "hung up through the API"
+
+
+# What the softphone's Call button does, with junk for an offer: its answer's status.
+OFFER_STATUS = """() => fetch("/offer", {
+  method: "POST",
+  headers: { "Content-Type": "application/json" },
+  body: JSON.stringify({ sdp: "v=0", type: "offer" }),
+}).then((response) => response.status)"""
+
+
+async def test_the_softphone_signs_in_with_the_consoles_form(
+    workers: tuple[Server, Server],
+) -> None:
+    """With a token set, the softphone page asks for it as the console does and keeps the
+    console's session cookie: its calls are then let through (here refused for the SDP, not
+    for a missing token), and the token is in no URL and no log line."""
+    a, _ = workers
+    mark = a.log_mark()
+    async with async_playwright() as playwright:
+        browser = await chromium(playwright)
+        try:
+            page = await browser.new_page()
+            await page.goto(a.url)
+            await page.fill("#token", TOKEN)
+            await page.click("#sign-in")
+            await page.locator("#call").wait_for(timeout=10_000)  # the softphone, signed in
+            assert page.url == f"{a.url}/"
+            assert await page.evaluate(OFFER_STATUS) == 400
+        finally:
+            await browser.close()
+    assert not [line for line in a.log[mark.line :] if TOKEN in line]
 
 
 async def first_turn(server: Server, call_id: str) -> None:

@@ -209,6 +209,32 @@ async def test_a_session_works_on_every_worker_until_signed_out_on_one(
 
 
 @pytest.mark.slow
+async def test_the_softphone_signs_in_with_the_consoles_form(
+    workers: tuple[Server, Server],
+) -> None:
+    """With a token set, the softphone page is the console's sign-in form until signed in; the
+    form comes back to the softphone (and to no page elsewhere), with the console's cookie."""
+    a, _ = workers
+    async with _client(a) as http:
+        form = await http.get("/")
+        assert form.status_code == 200 and 'id="sign-in"' in form.text
+        assert 'name="next" value="/"' in form.text and 'id="call"' not in form.text
+        wrong = await http.post("/console/login", data={"token": "a guess", "next": "/"})
+        assert wrong.status_code == 401 and 'name="next" value="/"' in wrong.text
+        signed = await http.post("/console/login", data={"token": TOKEN, "next": "/"})
+        assert signed.status_code == 303 and signed.headers["location"] == "/"
+        elsewhere = {"token": TOKEN, "next": "https://example.com/"}
+        away = await http.post("/console/login", data=elsewhere)
+        assert away.status_code == 303 and away.headers["location"] == "/console"
+        cookie = {"Cookie": f"hotline_console={signed.cookies['hotline_console']}"}
+        page = await http.get("/", headers=cookie)
+        assert page.status_code == 200 and 'id="call"' in page.text
+        # the page's call goes through: refused for its SDP, not for a missing token
+        bad = await http.post("/offer", json={"sdp": "v=0", "type": "offer"}, headers=cookie)
+        assert bad.status_code == 400, bad.text
+
+
+@pytest.mark.slow
 async def test_an_expired_or_tampered_session_is_refused(workers: tuple[Server, Server]) -> None:
     a, _ = workers
     old = auth.issue_console_session(SECRET, lambda: time.time() - 12 * 3600 - 5)

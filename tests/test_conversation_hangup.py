@@ -173,7 +173,14 @@ async def test_reply_sent_but_never_confirmed_played_is_recorded_as_unheard() ->
     assert call.llm.streams[0].closed
     bot = [e for e in line.events if e["type"] == "transcript" and e["role"] == "bot"]
     assert bot == [
-        {"type": "transcript", "role": "bot", "turn": 1, "text": "", "interrupted": True}
+        {
+            "type": "transcript",
+            "role": "bot",
+            "source": "bot",
+            "turn": 1,
+            "text": "",
+            "interrupted": True,
+        }
     ]
 
 

@@ -5,13 +5,20 @@ once. On the real-time scripted phone line, with a notice of two short sentences
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import numpy as np
 
-from pipeline.opening import Notice, NoticeVoice
+from pipeline.conversation import Conversation
+from pipeline.conversation_settings import ConversationSettings
+from pipeline.opening import OPERATOR, Notice, NoticeVoice
 from pipeline.replies import Spoken
 from pipeline.speculation import Gate
-from tests.support.conversation import PhoneLine, ToneTTS
+from pipeline.transport import HangUp, InboundEvent
+from tests.support.conversation import PhoneLine, ScriptedLLM, ScriptedSTT, ToneTTS, speak
+from tests.support.poll import until
+from tests.support.speech import silence
+from voice.server.call_records import Call as CallOnRecord
 
 NOTICE = "This call is recorded. Thank you."
 TONE = np.full(640, 3000, np.int16)  # 40 ms a sentence
@@ -185,3 +192,37 @@ async def test_a_call_without_a_notice_owes_none() -> None:
     said = Said(PhoneLine())
     assert not notice.owed and notice.state() is None and notice.voice(tts) is tts
     assert await notice.say(said.speak, said.spoken, None) == [] and said.spoken == []
+
+
+async def test_the_greeting_and_an_operator_message_keep_who_said_them() -> None:
+    """Fixed texts are heard as the bot's voice, but the history, the calls API and the call's
+    watchers (the console) keep who said them: an announcement, an operator."""
+    line, greeting, message = PhoneLine(), "Welcome to the shop.", "A supervisor is listening."
+    settings = ConversationSettings(greeting=greeting)
+    stt, llm = ScriptedSTT([]), ScriptedLLM([])
+    conversation = Conversation("said", line, stt=stt, llm=llm, tts=ToneTTS(), settings=settings)
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        async for event in speak(silence(100)):
+            yield event
+        await until(lambda: conversation.history, "the greeting heard", 10)
+        await conversation.say(message, source=OPERATOR)
+        await until(lambda: len(conversation.history) == 2, "the operator heard", 10)
+        yield HangUp("done")
+
+    line.script = caller
+    await conversation.run()
+    assert [(m.content, m.source) for m in conversation.history] == [
+        (greeting, "announcement"),
+        (message, "operator"),
+    ]
+    said = [e for e in line.events if e["type"] == "transcript"]
+    assert [(e["source"], e["text"], e["after_turn"]) for e in said] == [
+        ("announcement", greeting, 0),
+        ("operator", message, 0),
+    ]
+    history = CallOnRecord("said", "phone", conversation).detail()["history"]
+    assert history == [
+        {"role": "assistant", "content": greeting, "source": "announcement"},
+        {"role": "assistant", "content": message, "source": "operator"},
+    ]

@@ -347,8 +347,8 @@ async def test_announce_says_the_notice_then_records(
     # the caller heard the notice first, whole (tiny.en on the 8 kHz line mishears it: the
     # server's record of what was played says so) ...
     assert detail["history"][:2] == [
-        {"role": "assistant", "content": NOTICE},
-        {"role": "assistant", "content": GREETING},
+        {"role": "assistant", "content": NOTICE, "source": "announcement"},
+        {"role": "assistant", "content": GREETING, "source": "announcement"},
     ]
     # ... heard in full the first time, so the call was recorded (issue 25 item 8)
     assert detail["notice"] == {

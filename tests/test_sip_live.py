@@ -80,7 +80,8 @@ async def test_a_call_hears_the_greeting_gets_an_answer_and_ends_with_the_caller
         call = await call_where(server, call_id, lambda d: d.get("records"))
         assert call["transport"] == "sip"
         assert (call["caller"], call["callee"]) == ("caller", NUMBER)
-        assert call["history"][0] == {"role": "assistant", "content": GREETING}
+        greeted = {"role": "assistant", "content": GREETING, "source": "announcement"}
+        assert call["history"][0] == greeted
         [turn] = call["records"]
         assert "table" in turn["caller_text"].lower()
         assert "table" in turn["reply_text"].lower()  # the simulator says what it heard
@@ -238,7 +239,8 @@ async def test_barge_in_stops_the_reply_and_the_history_holds_what_the_caller_he
     cut = call["records"][0]
     assert cut["interrupted"] is True
     assert len(cut["reply_text"]) < len(cut["generated_text"])
-    assert call["history"][2] == {"role": "assistant", "content": cut["reply_text"]}
+    heard = {"role": "assistant", "content": cut["reply_text"], "source": "bot"}
+    assert call["history"][2] == heard
     assert "something" in call["records"][1]["caller_text"].lower()
     # The caller's side: the first reply plays after the first sentence and is cut while the
     # second is spoken; the second reply cannot start before the second sentence has ended.

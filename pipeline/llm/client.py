@@ -53,12 +53,16 @@ from pipeline.tools import ToolCall, ToolSpec
 class ChatMessage:
     """One message of the history. An assistant message may carry the ``tool_calls`` it made
     (its ``content`` may then be ""); a ``role="tool"`` message is one call's result: its
-    output as ``content``, the call's id as ``tool_call_id``."""
+    output as ``content``, the call's id as ``tool_call_id``. ``source``: who spoke an
+    assistant message the caller heard: None for the bot's own reply, "operator" for a
+    supervisor's message, "announcement" for a fixed text (the greeting, the recording notice);
+    never sent to the model, and no part of equality."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    source: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.tool_calls and self.role != "assistant":

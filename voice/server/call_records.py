@@ -169,9 +169,12 @@ class Call:
 
 
 def _message(message: ChatMessage) -> dict[str, object]:
-    """A history message for the calls API: role and content, and a tool call's or result's
-    ids and arguments."""
+    """A history message for the calls API: role and content, who spoke a message the caller
+    heard (`source`: bot, operator or announcement), and a tool call's or result's ids and
+    arguments."""
     out: dict[str, object] = {"role": message.role, "content": message.content}
+    if message.role == "assistant":
+        out["source"] = message.source or "bot"
     if message.tool_calls:
         out["tool_calls"] = [
             {"id": c.id, "name": c.name, "arguments": c.arguments} for c in message.tool_calls

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from pipeline.opening import OPERATOR
 from pipeline.tools import Transfer
 from voice.agents.agent import destination
 from voice.server.call_records import Call
@@ -43,7 +44,7 @@ class Supervision:
             self.board.spawn(self.board.hang_up(call.call_id, "hung up through the API"))
             return {"ok": True, "status": "hung up"}
         if command == "say" and isinstance(args.get("text"), str):
-            await call.conversation.say(str(args["text"]))
+            await call.conversation.say(str(args["text"]), source=OPERATOR)
             return {"ok": True, "status": "speaking"}
         if command == "transfer":
             return await self._transfer(call, args)

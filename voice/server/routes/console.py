@@ -1,6 +1,7 @@
 """The supervisor console (/console): one page of plain HTML, CSS and JS (voice/static/), behind
-the API token. A browser signs in once with the token (POST /console/login); from then on an
-HttpOnly, SameSite=Strict session cookie (voice.server.auth: issue time, random id, signed,
+the API token. A browser signs in once with the token (POST /console/login, from the console's
+form or the softphone's, `sign_in_page`); from then on an HttpOnly, SameSite=Strict session
+cookie (voice.server.auth: issue time, random id, signed,
 refused after 12 h or once signed out) authorizes the page's own requests to the calls API, its
 websocket and its listen-in offer. POST /console/logout revokes the session on every worker.
 
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 console_api = APIRouter()
 
 _LOGIN = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Hotline console: sign in</title>
+<html lang="en"><head><meta charset="utf-8"><title>{title}: sign in</title>
 <style>
 body {{ font: 15px system-ui, sans-serif; background: #f4f5f7; display: grid;
   place-items: center; height: 100vh; margin: 0; color: #1d2330; }}
@@ -60,7 +61,8 @@ button {{ padding: 8px 16px; border: 0; border-radius: 6px; background: #2456d6;
 .error {{ color: #b42318; margin: 0 0 12px; }}
 </style></head>
 <body><form method="post" action="/console/login">
-<h1>Hotline supervisor console</h1>{error}
+<h1>{heading}</h1>{error}
+<input type="hidden" name="next" value="{next}">
 <label for="token">API token</label>
 <input id="token" name="token" type="password" autocomplete="current-password" autofocus>
 <button id="sign-in" type="submit">Sign in</button>
@@ -154,14 +156,30 @@ def _throttle(app: FastAPI) -> tuple[SignInThrottle, LogThrottle]:
     return found
 
 
-def _login_page(error: str = "", status: int = 200, retry_after_s: float = 0) -> HTMLResponse:
+# The pages that sign in through the console's form, and where it sends the browser back to.
+_SIGNS_IN = {
+    "/console": ("Hotline console", "Hotline supervisor console"),
+    "/": ("Hotline softphone", "Hotline softphone"),
+}
+
+
+def sign_in_page(
+    next_page: str = "/console", error: str = "", status: int = 200, retry_after_s: float = 0
+) -> HTMLResponse:
+    """The sign-in form for `next_page` (the console or the softphone), which it returns to."""
+    next_page = next_page if next_page in _SIGNS_IN else "/console"
+    title, heading = _SIGNS_IN[next_page]
     message = f'<p class="error">{html.escape(error)}</p>' if error else ""
-    headers = {"Retry-After": str(math.ceil(retry_after_s))} if retry_after_s > 0 else None
-    return HTMLResponse(_LOGIN.format(error=message), status_code=status, headers=headers)
+    page = _LOGIN.format(title=title, heading=heading, error=message, next=next_page)
+    headers = {"Cache-Control": "no-store"}
+    if retry_after_s > 0:
+        headers["Retry-After"] = str(math.ceil(retry_after_s))
+    return HTMLResponse(page, status_code=status, headers=headers)
 
 
-def _locked_out(wait_s: float) -> HTMLResponse:
-    return _login_page(
+def _locked_out(wait_s: float, next_page: str) -> HTMLResponse:
+    return sign_in_page(
+        next_page,
         f"Too many wrong tokens from your address: try again in {math.ceil(wait_s)} s.",
         429,
         wait_s,
@@ -172,34 +190,39 @@ def _locked_out(wait_s: float) -> HTMLResponse:
 async def console(request: Request) -> HTMLResponse:
     """The console, or its sign-in form without a session."""
     if not await authorized(request):
-        return _login_page()
+        return sign_in_page("/console")
     page = resources.files("voice").joinpath("static/console.html").read_text("utf-8")
     return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
 
 @console_api.post("/console/login", response_model=None)
 async def login(request: Request) -> Response:
-    """Check the token from the sign-in form; on success, a new session cookie. A source
-    locked out by wrong tokens gets 429 before its token is read."""
+    """Check the token from the sign-in form; on success, a new session cookie and back to
+    the page that asked (the console or the softphone). A source locked out by wrong tokens
+    gets 429 before its token is read."""
     client = request.client.host if request.client else "?"
     source = source_of(client)
     throttle, budget = _throttle(request.app)
     wait_s = throttle.locked_for(source)
     if wait_s > 0:
-        return _locked_out(wait_s)
+        return _locked_out(wait_s, "/console")
     try:
         body = await read_body(request, 4096)
     except APIError as exc:
-        return _login_page(exc.message, exc.status)
-    given = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[0]
+        return sign_in_page("/console", exc.message, exc.status)
+    form = parse_qs(body.decode("utf-8", "replace"))
+    given, back = form.get("token", [""])[0], form.get("next", ["/console"])[0]
+    back = back if back in _SIGNS_IN else "/console"  # never a redirect elsewhere
     token: SecretStr | None = request.app.state.settings.api_token
     if token is not None and not token_matches(request, given):
         lock_s = throttle.failed(source)
         locked = f", sign-in locked for {lock_s:.0f} s" if lock_s else ""
         budget.warn(log, "sign-in", "console: wrong token from %s%s", client, locked)
-        return _locked_out(lock_s) if lock_s else _login_page("That is not the API token.", 401)
+        if lock_s:
+            return _locked_out(lock_s, back)
+        return sign_in_page(back, "That is not the API token.", 401)
     throttle.succeeded(source)
-    response = RedirectResponse("/console", status_code=303)
+    response = RedirectResponse(back, status_code=303)
     if token is not None:
         response.set_cookie(
             CONSOLE_COOKIE,
@@ -228,7 +251,8 @@ async def logout(request: Request) -> Response:
             log.info("console: signed out from %s", request.client.host if request.client else "?")
         except RegistryUnavailable:
             log.error("console: sign-out not recorded, Redis unreachable")
-            response = _login_page("Signed out here, but not revoked: Redis is unreachable.", 503)
+            message = "Signed out here, but not revoked: Redis is unreachable."
+            response = sign_in_page("/console", message, 503)
     response.delete_cookie(
         CONSOLE_COOKIE,
         path="/",

@@ -11,9 +11,10 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from voice.server.auth import require_token
+from voice.server.auth import authorized, require_token
 from voice.server.calls import Switchboard
 from voice.server.routes import switchboard
+from voice.server.routes.console import sign_in_page
 
 ops_api = APIRouter()
 
@@ -37,7 +38,11 @@ async def drain_then_exit(app: FastAPI) -> None:
 
 
 @ops_api.get("/", response_class=HTMLResponse)
-async def softphone() -> HTMLResponse:
+async def softphone(request: Request) -> HTMLResponse:
+    """The softphone page; with an API token set and no console session, the console's sign-in
+    form, which comes back here (its calls need the session cookie)."""
+    if not await authorized(request):
+        return sign_in_page("/")
     page = resources.files("voice").joinpath("static/softphone.html").read_text("utf-8")
     return HTMLResponse(page)
 
