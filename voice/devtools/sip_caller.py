@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
-from voice.audio import StreamResampler, resample, rms
+from pipeline.transport import PCM, SAMPLE_RATE
+from voice.audio import StreamResampler, rms
+from voice.devtools.microphone import Microphone
 from voice.devtools.sip_leg import DTMF_PAYLOAD_TYPE, SipLeg, SipTransport, hostport, offer_sdp
 from voice.devtools.turns import AUDIBLE_RMS, CallResult, Ear, FrameTest, converse
 from voice.devtools.turns import barge_in_stop_ms as stop_ms
@@ -102,21 +103,14 @@ class SipPhone:
         self.ear = Ear()
         self.rtp: CallerRtp | None = None
         self.hung_up = asyncio.Event()
-        self._mic: deque[tuple[list[PCM], asyncio.Future[list[float]], list[float]]] = deque()
+        self.mic = Microphone(WIRE_RATE)
         self._keys: deque[tuple[str, asyncio.Future[None] | None]] = deque()
         self._key: tuple[str, asyncio.Future[None] | None, list[tuple[bool, int]]] | None = None
         self._to_wide = StreamResampler(WIRE_RATE, SAMPLE_RATE)
 
     def say(self, pcm: PCM) -> asyncio.Future[list[float]]:
         """Queue an utterance (16 kHz); the future gives the time each 20 ms frame was sent."""
-        narrow = resample(pcm, SAMPLE_RATE, WIRE_RATE)
-        count = max(1, -(-len(pcm) // FRAME_SAMPLES))
-        padded = np.zeros(count * WIRE_FRAME, dtype=np.int16)
-        padded[: min(len(narrow), len(padded))] = narrow[: len(padded)]
-        frames = list(padded.reshape(count, WIRE_FRAME))
-        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
-        self._mic.append((frames, future, []))
-        return future
+        return self.mic.say(pcm)
 
     def press(self, digits: str) -> asyncio.Future[None]:
         """Queue key presses; the future is done once every packet of the last one went."""
@@ -151,7 +145,7 @@ class SipPhone:
         rtp = self.rtp
         if rtp is None:
             return
-        if self._key is None and self._keys and not self._mic:
+        if self._key is None and self._keys and not self.mic.speaking:
             digit, done = self._keys.popleft()
             self._key = (digit, done, list(KEY_TICKS))
         if self._key is not None:
@@ -164,16 +158,7 @@ class SipPhone:
                 if done is not None and not done.done():
                     done.set_result(None)
             return
-        frame = np.zeros(WIRE_FRAME, dtype=np.int16)
-        if self._mic:
-            frames, future, sent = self._mic[0]
-            frame = frames[len(sent)]
-            sent.append(now)
-            if len(sent) == len(frames):
-                self._mic.popleft()
-                if not future.done():
-                    future.set_result(sent)
-        rtp.send_frame(frame)
+        rtp.send_frame(self.mic.next_frame(now))
 
 
 def _local_address(address: str, port: int) -> str:

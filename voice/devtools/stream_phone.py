@@ -23,8 +23,9 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
+from pipeline.transport import PCM, SAMPLE_RATE
 from voice.audio import StreamResampler, rms
+from voice.devtools.microphone import Microphone
 from voice.devtools.turns import AUDIBLE_RMS, Ear, FrameTest
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class StreamPhone:
         self.hung_up = asyncio.Event()
         self._stopped = False
         self._send_lock = asyncio.Lock()
-        self._mic: deque[tuple[list[PCM], asyncio.Future[list[float]], list[float]]] = deque()
+        self.mic = Microphone(self.wire_rate)
         self._keys: deque[tuple[str, asyncio.Future[None] | None]] = deque()
         self._playout: deque[PCM] = deque()
         self._fed: list[bool] = []  # per tick played: whether the buffer had audio for it
@@ -84,15 +85,7 @@ class StreamPhone:
 
     def say(self, pcm: PCM) -> asyncio.Future[list[float]]:
         """Queue an utterance (16 kHz); the future gives the time each 20 ms frame was sent."""
-        narrow = StreamResampler(SAMPLE_RATE, self.wire_rate)(pcm, last=True)
-        count = max(1, -(-len(pcm) // FRAME_SAMPLES))
-        frames = [np.zeros(self.frame_samples, dtype=np.int16) for _ in range(count)]
-        for i, frame in enumerate(frames):
-            piece = narrow[i * self.frame_samples : (i + 1) * self.frame_samples]
-            frame[: len(piece)] = piece
-        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
-        self._mic.append((frames, future, []))
-        return future
+        return self.mic.say(pcm)
 
     def press(self, digits: str) -> asyncio.Future[None]:
         """Queue key presses, one per 20 ms; the future is done once all went."""
@@ -147,7 +140,7 @@ class StreamPhone:
         while self._marks and self._marks[0][0] <= self._played:
             await self._echo(self._marks.popleft()[1])
         self._play_next(now)
-        await self.send(self.media_message(self._next_mic_frame(now), now))
+        await self.send(self.media_message(self.mic.next_frame(now), now))
         if self._keys:
             digit, done = self._keys.popleft()
             key = self.dtmf_message(digit)
@@ -155,18 +148,6 @@ class StreamPhone:
                 await self.send(key)
             if done is not None and not done.done():
                 done.set_result(None)
-
-    def _next_mic_frame(self, now: float) -> PCM:
-        if not self._mic:
-            return np.zeros(self.frame_samples, dtype=np.int16)
-        frames, future, sent = self._mic[0]
-        frame = frames[len(sent)]
-        sent.append(now)
-        if len(sent) == len(frames):
-            self._mic.popleft()
-            if not future.done():
-                future.set_result(sent)
-        return frame
 
     def _play_next(self, now: float) -> None:
         """Start playing the next 20 ms of the playout buffer (silence when it runs dry)."""

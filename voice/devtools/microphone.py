@@ -1,0 +1,52 @@
+"""A scripted caller's microphone: utterances queued, handed out one 20 ms wire frame at a time
+by the phone's clock (the Twilio, Telnyx and Vonage phones of `voice.devtools.stream_phone`, and
+the SIP handset of `voice.devtools.sip_caller`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import numpy as np
+
+from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
+from voice.audio import StreamResampler
+
+
+class Microphone:
+    """Utterances (16 kHz) as 20 ms frames at `wire_rate`; silence when none is queued."""
+
+    def __init__(self, wire_rate: int) -> None:
+        self.wire_rate = wire_rate
+        self.frame_samples = wire_rate // 50
+        self._queued: deque[tuple[list[PCM], asyncio.Future[list[float]], list[float]]] = deque()
+
+    @property
+    def speaking(self) -> bool:
+        """An utterance is queued or being sent."""
+        return bool(self._queued)
+
+    def say(self, pcm: PCM) -> asyncio.Future[list[float]]:
+        """Queue an utterance (16 kHz); the future gives the time each 20 ms frame was sent."""
+        narrow = StreamResampler(SAMPLE_RATE, self.wire_rate)(pcm, last=True)
+        count = max(1, -(-len(pcm) // FRAME_SAMPLES))
+        frames = [np.zeros(self.frame_samples, dtype=np.int16) for _ in range(count)]
+        for i, frame in enumerate(frames):
+            piece = narrow[i * self.frame_samples : (i + 1) * self.frame_samples]
+            frame[: len(piece)] = piece
+        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
+        self._queued.append((frames, future, []))
+        return future
+
+    def next_frame(self, now: float) -> PCM:
+        """The frame to send at `now` (monotonic), which is kept as its send time."""
+        if not self._queued:
+            return np.zeros(self.frame_samples, dtype=np.int16)
+        frames, future, sent = self._queued[0]
+        frame = frames[len(sent)]
+        sent.append(now)
+        if len(sent) == len(frames):
+            self._queued.popleft()
+            if not future.done():
+                future.set_result(sent)
+        return frame
