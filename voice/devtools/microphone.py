@@ -14,12 +14,14 @@ from voice.audio import StreamResampler
 
 
 class Microphone:
-    """Utterances (16 kHz) as 20 ms frames at `wire_rate`; silence when none is queued."""
+    """Utterances (16 kHz) as 20 ms frames at `wire_rate`; silence when none is queued. Key
+    presses queue beside them (`press`, taken by the phone with `next_key`)."""
 
     def __init__(self, wire_rate: int) -> None:
         self.wire_rate = wire_rate
         self.frame_samples = wire_rate // 50
         self._queued: deque[tuple[list[PCM], asyncio.Future[list[float]], list[float]]] = deque()
+        self._keys: deque[tuple[str, asyncio.Future[None] | None]] = deque()
 
     @property
     def speaking(self) -> bool:
@@ -50,3 +52,16 @@ class Microphone:
             if not future.done():
                 future.set_result(sent)
         return frame
+
+    def press(self, digits: str) -> asyncio.Future[None]:
+        """Queue key presses; the future is done once the phone has sent the last one."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not digits:
+            done.set_result(None)
+        for i, digit in enumerate(digits):
+            self._keys.append((digit, done if i == len(digits) - 1 else None))
+        return done
+
+    def next_key(self) -> tuple[str, asyncio.Future[None] | None] | None:
+        """The next key to send, with the future to finish once it went (the last of a press)."""
+        return self._keys.popleft() if self._keys else None

@@ -22,7 +22,6 @@ import socket
 import ssl
 import struct
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,7 +103,6 @@ class SipPhone:
         self.rtp: CallerRtp | None = None
         self.hung_up = asyncio.Event()
         self.mic = Microphone(WIRE_RATE)
-        self._keys: deque[tuple[str, asyncio.Future[None] | None]] = deque()
         self._key: tuple[str, asyncio.Future[None] | None, list[tuple[bool, int]]] | None = None
         self._to_wide = StreamResampler(WIRE_RATE, SAMPLE_RATE)
 
@@ -114,14 +112,10 @@ class SipPhone:
 
     def press(self, digits: str) -> asyncio.Future[None]:
         """Queue key presses; the future is done once every packet of the last one went."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not digits:
-            done.set_result(None)
-        for i, digit in enumerate(digits):
+        for digit in digits:
             if digit not in DTMF_DIGITS:
                 raise ValueError(f"not a DTMF key: {digit!r}")
-            self._keys.append((digit, done if i == len(digits) - 1 else None))
-        return done
+        return self.mic.press(digits)
 
     async def hear(self, predicate: FrameTest, within_s: float) -> float | None:
         """Wait for `predicate` over the frames heard; None on timeout or hang-up."""
@@ -145,8 +139,8 @@ class SipPhone:
         rtp = self.rtp
         if rtp is None:
             return
-        if self._key is None and self._keys and not self.mic.speaking:
-            digit, done = self._keys.popleft()
+        if self._key is None and not self.mic.speaking and (pressed := self.mic.next_key()):
+            digit, done = pressed
             self._key = (digit, done, list(KEY_TICKS))
         if self._key is not None:
             digit, done, ticks = self._key

@@ -49,7 +49,6 @@ class StreamPhone:
         self._stopped = False
         self._send_lock = asyncio.Lock()
         self.mic = Microphone(self.wire_rate)
-        self._keys: deque[tuple[str, asyncio.Future[None] | None]] = deque()
         self._playout: deque[PCM] = deque()
         self._fed: list[bool] = []  # per tick played: whether the buffer had audio for it
         self._queued = 0  # reply samples received (the position after the last one)
@@ -89,12 +88,7 @@ class StreamPhone:
 
     def press(self, digits: str) -> asyncio.Future[None]:
         """Queue key presses, one per 20 ms; the future is done once all went."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not digits:
-            done.set_result(None)
-        for i, digit in enumerate(digits):
-            self._keys.append((digit, done if i == len(digits) - 1 else None))
-        return done
+        return self.mic.press(digits)
 
     async def hang_up(self) -> None:
         """Say so (where the provider does) and close, as the provider does when the caller
@@ -141,8 +135,8 @@ class StreamPhone:
             await self._echo(self._marks.popleft()[1])
         self._play_next(now)
         await self.send(self.media_message(self.mic.next_frame(now), now))
-        if self._keys:
-            digit, done = self._keys.popleft()
+        if (pressed := self.mic.next_key()) is not None:
+            digit, done = pressed
             key = self.dtmf_message(digit)
             if key is not None:
                 await self.send(key)
