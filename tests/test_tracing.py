@@ -217,6 +217,7 @@ def test_a_call_that_ended_before_any_turn_still_has_its_call_span(
         "hotline.transport": "twilio",
         "hotline.agent": "front-desk",
         "hotline.end_reason": "stop: the caller hung up",
+        "hotline.end_category": "caller_hung_up",  # the label hotline_calls_ended_total uses
         "hotline.turns": 0,
         "hotline.wants_human": False,
     }

@@ -73,6 +73,7 @@ from opentelemetry.util.types import AttributeValue
 from pydantic import BaseModel, Field
 
 from pipeline.records import STAGES, TurnRecord
+from voice.server.end_reasons import end_category
 
 if TYPE_CHECKING:  # the spans only read the record; call_records imports the pipeline
     from voice.server.call_records import CallRecord
@@ -363,6 +364,7 @@ def _call_attributes(call: CallRecord) -> dict[str, AttributeValue]:
         "hotline.transport": call.transport,
         "hotline.agent": call.agent,
         "hotline.end_reason": call.end_reason,
+        "hotline.end_category": end_category(call.end_reason),  # the metrics' label
         "hotline.turns": len(call.records),
         "hotline.wants_human": call.wants_human,
         "hotline.transfer.to": transfer.get("to"),
