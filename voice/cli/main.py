@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 from rich.console import Console
 
+from voice.cli.amd_bench import amd_bench_command
 from voice.cli.call import call_command
 from voice.cli.experiments import experiments_app
 from voice.cli.logs import setup_logging
@@ -180,6 +181,7 @@ app.command("bench")(bench_command)
 app.command("fetch-models")(fetch_models_command)
 app.command("soak")(soak_command)
 app.command("turn-bench")(turn_bench_command)
+app.command("amd-bench")(amd_bench_command)
 app.add_typer(experiments_app, name="experiments")
 
 
