@@ -86,6 +86,10 @@ class Agents:
         """Each distinct voice the agents speak with (to warm up once)."""
         return list({id(r.tts): r.tts for r in self._ready.values()}.values())
 
+    def named(self, name: str) -> ReadyAgent | None:
+        """The agent called `name` (a file's, or the built-in default's), if there is one."""
+        return self._ready.get(name)
+
     def for_call(self, kind: str, callee: str | None) -> ReadyAgent:
         """The agent a call reaches: the softphone's for WebRTC, else the called number's."""
         agent = (

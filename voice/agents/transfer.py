@@ -93,10 +93,16 @@ class CallControlSettings(BaseModel):
 
     telnyx_api_key: SecretStr | None = None
     telnyx_api_url: str = "https://api.telnyx.com/v2"
+    telnyx_connection_id: str | None = None  # the Call Control app placing outbound calls
     vonage_application_id: str | None = None
     vonage_private_key: SecretStr | None = None  # PEM text
     vonage_private_key_file: str | None = None  # or a path to the PEM file
     vonage_api_url: str = "https://api.nexmo.com"
+    # Twilio's REST API, to place outbound calls (voice/outbound/): the account SID and its auth
+    # token (HTTP Basic); unset token: HOTLINE_TELEPHONY__TWILIO_AUTH_TOKEN.
+    twilio_account_sid: str | None = None
+    twilio_auth_token: SecretStr | None = None
+    twilio_api_url: str = "https://api.twilio.com"
     timeout_s: float = 5.0  # per request
 
 
@@ -275,6 +281,11 @@ class CallControl:
                 log.warning("%s", error)
                 raise error
             log.warning("%s; trying once more", error)
+
+    def bearer(self, provider: str) -> str:
+        """The bearer credential of `provider`'s REST API (Telnyx's key, a fresh Vonage JWT),
+        for other requests than these (voice/outbound/ places calls with it)."""
+        return self._token(provider)
 
     def _token(self, provider: str) -> str:
         if provider == "telnyx":

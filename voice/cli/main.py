@@ -18,6 +18,7 @@ from rich.console import Console
 
 from voice.cli.amd_bench import amd_bench_command
 from voice.cli.call import call_command
+from voice.cli.dial import dial_command
 from voice.cli.experiments import experiments_app
 from voice.cli.logs import setup_logging
 from voice.cli.models import fetch_models_command
@@ -177,6 +178,7 @@ def llm_sim(
 
 
 app.command("call")(call_command)
+app.command("dial")(dial_command)
 app.command("bench")(bench_command)
 app.command("fetch-models")(fetch_models_command)
 app.command("soak")(soak_command)

@@ -63,6 +63,8 @@ class RegisteredCall:
     recording: dict[str, object] | None = None
     # What became of the recording notice (voice.server.call_records.notice_view), if it had one.
     notice: dict[str, object] | None = None
+    direction: str = "inbound"  # or "outbound": Hotline placed it (voice/outbound/)
+    metadata: dict[str, object] | None = None  # an outbound call's, as its request gave it
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ from voice.cluster.registry import CallRegistry
 from voice.cluster.webhooks import WebhookOutbox
 from voice.experiments.arms import load_experiment
 from voice.llm_sim.serving import running_simulator
+from voice.outbound.dialer import Dialer
+from voice.outbound.routes import outbound_api
 from voice.recordings.calls import CallRecordings
 from voice.server import metrics
 from voice.server.api import APIError, api_error_response
@@ -190,6 +192,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             switchboard.sip_transfers = sip
             app.state.sip = sip
         app.state.switchboard = switchboard
+        app.state.dialer = Dialer(settings, tool_client, sessions)  # POST /calls/outbound
         log.info("Hotline ready: worker %s, %d calls at most", worker.worker_id, settings.max_calls)
         try:
             yield
@@ -212,6 +215,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ops_api)
     app.include_router(webrtc_api)
     app.include_router(phone_api)
+    app.include_router(outbound_api)  # before calls_api: /calls/outbound is not a call id
     app.include_router(calls_api)
     app.include_router(calls_live_api)
     app.include_router(recordings_api)

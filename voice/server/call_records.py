@@ -71,6 +71,8 @@ class CallRecord:
     agent: str = "default"  # the agent that answered
     recording: dict[str, object] | None = None  # where its recording is (RecordingLocation)
     notice: dict[str, object] | None = None  # what became of the recording notice (notice_view)
+    direction: str = "inbound"  # or "outbound": Hotline placed the call (voice/outbound/)
+    metadata: dict[str, object] | None = None  # an outbound call's, from its request
 
     @property
     def state(self) -> str:
@@ -94,6 +96,8 @@ class CallRecord:
             "end_category": end_category(self.end_reason) if self.ended_at is not None else None,
             "transfer": self.transfer,
             "agent": self.agent,
+            "direction": self.direction,
+            "metadata": self.metadata,
         }
 
     def detail(self) -> dict[str, object]:
@@ -129,6 +133,8 @@ class Call:
     recorder: CallRecorder | None = None  # while it is recorded
     listeners: Listeners | None = None  # supervisors listening in
     recording: dict[str, object] | None = None  # once it ended: where (RecordingLocation)
+    direction: str = "inbound"  # or "outbound" (voice/outbound/)
+    metadata: dict[str, object] | None = None  # an outbound call's, from its request
 
     @property
     def state(self) -> str:
@@ -154,6 +160,8 @@ class Call:
             self.agent.name if self.agent is not None else "default",
             self.recording,
             self.notice(),
+            self.direction,
+            self.metadata,
         )
 
     def notice(self) -> dict[str, object] | None:

@@ -159,11 +159,15 @@ class Switchboard:
         *,
         caller: str | None = None,
         callee: str | None = None,
+        outbound: tuple[str, dict[str, object]] | None = None,
     ) -> Call:
         """Run a conversation over `transport` until the call ends, with the agent the call
-        reaches (its instructions, greeting, voice, policy and tools)."""
+        reaches (its instructions, greeting, voice, policy and tools). `outbound`: Hotline
+        placed the call (voice/outbound/), with this agent and metadata."""
         experiment, arm, policy = self._arms.pop(call_id, (None, None, self.settings.policy))
         ready = self.agents.for_call(kind, callee) if self.agents is not None else None
+        if outbound is not None and self.agents is not None:
+            ready = self.agents.named(outbound[0]) or ready
         agent = ready.agent if ready is not None else None
         if agent is not None and agent.policy is not None and arm is None:
             policy = agent.policy  # an experiment's arm still wins: it is what is measured
@@ -206,11 +210,16 @@ class Switchboard:
         )
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
         call.experiment, call.arm, call.agent = experiment, arm, ready
+        placed: dict[str, object] = {}
+        if outbound is not None:
+            call.direction, call.metadata = "outbound", outbound[1]
+            placed = {"direction": "outbound", "metadata": outbound[1]}
         if recording == "on":
             self._record(call)
         self.active[call.call_id] = call
         with contextlib.suppress(UnknownCall):  # the registry let it go (say, Redis lost it)
-            self.sessions.update_call(call_id, agent=ready.name if ready else "default")
+            name = ready.name if ready else "default"
+            self.sessions.update_call(call_id, agent=name, **placed)
         self._idle.clear()
         metrics.ADMITTED.labels(transport=kind).inc()
         metrics.ACTIVE_CALLS.set(n := len(self.active))

@@ -23,6 +23,7 @@ from voice.agents.transfer import CallControlSettings
 from voice.cluster.records import RegistrySettings
 from voice.cluster.webhooks import WebhookSettings
 from voice.llm_sim.simulator import SimulatorSettings
+from voice.outbound.settings import OutboundSettings
 from voice.recordings.settings import RecordingSettings
 from voice.server.tracing import TracingSettings
 from voice.transports.sip.limits import SipLimits
@@ -181,8 +182,12 @@ class Settings(BaseSettings):
     # Direct SIP from a PBX or trunk (HOTLINE_SIP__ENABLED=true; README "SIP trunks and PBXs").
     sip: SipSettings = Field(default_factory=SipSettings)
     # Telnyx and Vonage REST credentials: how an agent puts a call through to a person (or
-    # presses keys) on those providers. Twilio needs none (TwiML, /twilio/after-stream).
+    # presses keys) on those providers (Twilio needs none: TwiML, /twilio/after-stream); and
+    # Twilio's, Telnyx's and Vonage's for placing calls (voice/outbound/).
     call_control: CallControlSettings = Field(default_factory=CallControlSettings)
+    # Placing calls (POST /calls/outbound, `hotline dial`): calls per second per provider, how
+    # long a placed call may ring (voice/outbound/). Twilio's credentials are in call_control.
+    outbound: OutboundSettings = Field(default_factory=OutboundSettings)
     # OpenTelemetry: a trace per call, a span per turn and its stages, exported by OTLP/HTTP when
     # HOTLINE_TRACING__OTLP_ENDPOINT is set (off, at no cost, otherwise).
     tracing: TracingSettings = Field(default_factory=TracingSettings)

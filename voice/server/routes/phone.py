@@ -12,6 +12,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import HTTPConnection
 
 from voice.cluster.records import RegistryUnavailable
+from voice.outbound.dials import Dial, DialBook
+from voice.outbound.streams import DialRefused, call_id_of, stream_token_subject, take_dial
 from voice.server import metrics
 from voice.server.api import error, read_body, read_json_body
 from voice.server.auth import require_token
@@ -197,12 +199,16 @@ async def answer_phone_stream(
     start = await wait_for_start(websocket, protocol, bad)
     if start is None:
         return
-    call_id = await _admit_stream(websocket, board, protocol.name, start, route)
-    if call_id is None:
+    admitted = await _admit_stream(websocket, board, protocol.name, start, route)
+    if admitted is None:
         return
+    call_id, dial = admitted
     telephony = board.settings.telephony
     stream = PhoneStream(call_id, websocket, protocol, start, lead_s=telephony.lead_ms / 1e3)
-    call = board.start(call_id, stream, protocol.name, caller=start.caller, callee=start.callee)
+    outbound = (dial.agent, dial.metadata) if dial is not None else None
+    call = board.start(
+        call_id, stream, protocol.name, caller=start.caller, callee=start.callee, outbound=outbound
+    )
     await pump(stream, bad, idle_timeout_s=telephony.media_idle_timeout_s)
     if call.task is not None:
         await call.task
@@ -232,8 +238,9 @@ TOKEN_UNCHECKED = "the call registry is unavailable to check the stream token"
 
 async def _admit_stream(
     websocket: WebSocket, board: Switchboard, provider: str, start: Start, route: str
-) -> str | None:
-    """The call id of an admitted stream; None once a refused one is closed (and logged)."""
+) -> tuple[str, Dial | None] | None:
+    """The call id of an admitted stream, and the placed call it answers (voice/outbound/);
+    None once a refused one is closed (and logged)."""
     refusal = await _token_refusal(websocket, board, provider, start)
     if refusal is not None:
         unchecked = refusal == TOKEN_UNCHECKED  # not the caller's fault: try again (1013)
@@ -246,9 +253,17 @@ async def _admit_stream(
             await websocket.close(1008, "stream not authorised")
         return None
     try:
-        return await board.admit(
-            provider, start.call_id or None, caller=start.caller, callee=start.callee
+        book = DialBook.of(board.sessions)
+        dial = await take_dial(book, provider, start, websocket.query_params)
+    except DialRefused as refused:
+        log.warning("%s: stream for call %r refused: %s", route, start.call_id, refused)
+        await websocket.close(refused.close_code, "not an outbound call")
+        return None
+    try:
+        call_id = await board.admit(
+            provider, call_id_of(dial, start) or None, caller=start.caller, callee=start.callee
         )
+        return call_id, dial
     except CallsFull as refused:
         log.warning("%s: call %r refused: %s", route, start.call_id, refused)
         busy = refused.reason not in ("duplicate", "bad_call_id")
@@ -265,7 +280,8 @@ async def _token_refusal(
         return None
     token = start.parameters.get(STREAM_TOKEN_PARAMETER) or websocket.query_params.get("token")
     try:
-        grant = tokens.check(token, provider, start.call_id)
+        subject = stream_token_subject(start, websocket.query_params)
+        grant = tokens.check(token, provider, subject)
         if not await board.sessions.claim("stream-token", grant.nonce, tokens.ttl_s):
             return "stream token already used"
     except InvalidToken as exc:

@@ -1,0 +1,47 @@
+"""`hotline dial`: place a call through a running server (`POST /calls/outbound`) and print its
+call id; the server's refusal in one line otherwise."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import httpx
+import typer
+
+from voice.cli.client import DEFAULT_URL, TokenOption, UrlOption, auth_headers, one_line_errors
+
+
+def dial_command(
+    to: Annotated[str, typer.Option("--to", help="The number to call, E.164 (+15551234567)")],
+    from_: Annotated[str, typer.Option("--from", help="The caller id: your provider's number")],
+    agent: Annotated[str, typer.Option(help="The agent that talks (an agent file's name)")],
+    transport: Annotated[str, typer.Option(help="The provider: twilio")] = "twilio",
+    metadata: Annotated[
+        str | None,
+        typer.Option(help="JSON object kept with the call (its record and webhook)"),
+    ] = None,
+    url: UrlOption = DEFAULT_URL,
+    token: TokenOption = None,
+) -> None:
+    """Place a call: the provider rings --to from --from, and --agent talks once answered."""
+    body: dict[str, object] = {"to": to, "from": from_, "agent": agent, "transport": transport}
+    if metadata is not None:
+        try:
+            body["metadata"] = json.loads(metadata)
+        except ValueError as exc:
+            typer.echo(f"hotline: --metadata is not JSON: {exc}", err=True)
+            raise typer.Exit(2) from None
+    with one_line_errors(url):
+        response = httpx.post(
+            f"{url.rstrip('/')}/calls/outbound",
+            json=body,
+            headers=auth_headers(token),
+            timeout=30,
+        )
+        response.raise_for_status()
+    placed = response.json()
+    typer.echo(
+        f"call {placed['call_id']}: {placed['transport']} rings {placed['to']} from "
+        f"{placed['from']} ({placed['status']}), agent {placed['agent']}"
+    )

@@ -1,0 +1,73 @@
+"""What `POST /calls/outbound` takes: who to call, from which number, which agent talks, through
+which provider, and metadata that rides along to the call record and the post-call webhook.
+Unknown fields are refused, so a misspelt option fails loudly instead of doing nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+E164 = re.compile(r"\+[1-9][0-9]{6,14}")  # whole string
+PROVIDERS = ("twilio", "telnyx", "vonage")
+METADATA_BYTES = 4096  # of the metadata as JSON: it goes into every copy of the call record
+
+
+class BadRequest(ValueError):
+    """The request is not one Hotline can place; the message names each problem by field."""
+
+
+class OutboundRequest(BaseModel):
+    """One call to place."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+    to: str = Field(description="The number to call, E.164 (+15551234567).")
+    from_: str = Field(alias="from", description="The caller id, E.164: the provider's number.")
+    agent: str = Field(description="The agent that talks (an agent file's name, or default).")
+    transport: Literal["twilio", "telnyx", "vonage"] = "twilio"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    machine_detection: bool = False
+    voicemail: str | None = Field(default=None, max_length=2000)
+
+    @field_validator("to", "from_")
+    @classmethod
+    def _e164(cls, number: str) -> str:
+        if E164.fullmatch(number) is None:
+            raise ValueError(f"{number!r} is not a phone number in E.164 form (+15551234567)")
+        return number
+
+    @field_validator("metadata")
+    @classmethod
+    def _small(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        if len(json.dumps(metadata, separators=(",", ":"))) > METADATA_BYTES:
+            raise ValueError(f"longer than {METADATA_BYTES} bytes as JSON")
+        return metadata
+
+
+def parse_request(data: dict[str, Any], agents: Collection[str]) -> OutboundRequest:
+    """`data` as a request to place, with an agent among `agents`; BadRequest otherwise."""
+    try:
+        request = OutboundRequest.model_validate(data)
+    except ValidationError as exc:
+        raise BadRequest("; ".join(_problem(e) for e in exc.errors())) from None
+    if request.agent not in agents:
+        known = ", ".join(sorted(agents))
+        raise BadRequest(f"agent: no agent {request.agent!r} (known: {known})")
+    return request
+
+
+def _problem(error: Any) -> str:
+    where = ".".join("from" if part == "from_" else str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown field (known: {', '.join(_FIELDS)})"
+    if error["type"] == "missing":
+        return f"{where}: required"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message}"
+
+
+_FIELDS = ("to", "from", "agent", "transport", "metadata", "machine_detection", "voicemail")

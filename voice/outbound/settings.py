@@ -1,0 +1,19 @@
+"""Outbound call settings (`HOTLINE_OUTBOUND__*`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class OutboundSettings(BaseModel):
+    """How Hotline places calls (voice/outbound/)."""
+
+    # Calls placed per second through each provider, by this worker (a token bucket holding
+    # as many calls as one second's worth, at least one). Twilio's accounts start at 1 CPS and
+    # queue what is beyond; over this limit Hotline answers 429 with Retry-After instead.
+    calls_per_second: float = Field(default=1.0, gt=0)
+    # How long a placed call may take to be answered: its stream token and its record (agent,
+    # metadata) wait this long for the media stream (Twilio rings for 60 s by default).
+    answer_within_s: float = Field(default=120.0, gt=0)
+    # Where the provider posts the call's progress (Twilio `StatusCallback`), if anywhere.
+    status_callback_url: str | None = None
