@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 from rich.console import Console
 
+from voice.cli.agent_tests import agent_test_command
 from voice.cli.amd_bench import amd_bench_command
 from voice.cli.call import call_command
 from voice.cli.dial import dial_command
@@ -184,6 +185,7 @@ app.command("fetch-models")(fetch_models_command)
 app.command("soak")(soak_command)
 app.command("turn-bench")(turn_bench_command)
 app.command("amd-bench")(amd_bench_command)
+app.command("test")(agent_test_command)
 app.add_typer(experiments_app, name="experiments")
 
 
