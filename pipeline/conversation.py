@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 import soxr
 
+from pipeline.answering.screening import Screening
 from pipeline.conversation_settings import ConversationSettings
 from pipeline.endpoint import leaves_hanging
 from pipeline.keypad import Keypad
@@ -117,6 +118,7 @@ class Conversation:
         notice: str | None = None,
         turn_model: TurnJudge | None = None,
         notice_attempts: int = NOTICE_ATTEMPTS,
+        answering: Screening | None = None,
     ) -> None:
         """`on_key(digit)` sees each DTMF key first; returning True consumes it (e.g. "0" for a
         person); other keys are collected into a keypad turn that the LLM answers. `tools` are
@@ -124,8 +126,11 @@ class Conversation:
         asks of the call (put through, hang up, press keys) once the reply before it has been
         heard; without it, only hanging up is done (here). `notice` is said before the greeting
         ("this call is recorded"); cut short, again before the next replies (`pipeline.opening`).
-        `turn_model` judges each pause (`pipeline.turn_taking.end_of_turn`); None: none."""
+        `turn_model` judges each pause (`pipeline.turn_taking.end_of_turn`); None: none.
+        `answering`: a placed call's machine detection, which opens the call and hears the
+        callee alone until a person answered (`pipeline.answering.screening`)."""
         self.call_id = call_id
+        self.answering = answering
         self.transport = transport
         self.llm = llm
         attempts = notice_attempts
@@ -194,10 +199,19 @@ class Conversation:
         """Serve the call until the caller hangs up or the transport ends."""
         log.info("call %s: conversation started", self.call_id)
         try:
-            if self.notice.owed or self.settings.greeting:
+            if self.answering is not None:
+                opened = self.answering.open(
+                    self._opening, self._say, self.transport.hang_up, self._emit
+                )
+                self._response = asyncio.create_task(opened)
+            elif self.notice.owed or self.settings.greeting:
                 self._response = asyncio.create_task(self._opening())
             async for event in self.transport.inbound():
                 if isinstance(event, AudioIn):
+                    if self.answering is not None and self.answering.push(event.pcm):
+                        if self.answering.overturned():  # a beep: a machine after all
+                            await self._leave_message(self.answering)
+                        continue  # the callee's opening, or a machine: not a turn
                     for found in self.detector.push(event.pcm, event.at):
                         if isinstance(found, SpeechStarted):
                             await self._barge_in(found)
@@ -216,6 +230,8 @@ class Conversation:
                     break
         finally:
             self._ended = True
+            if self.answering is not None:
+                self.answering.close()
             self._keypad.close()
             self._end_of_turn.close()
             self._discard_speculation("the caller hung up")
@@ -264,6 +280,14 @@ class Conversation:
         self._discard_speculation("an announcement")
         await self._interrupt()
         self._response = asyncio.create_task(self._announce(text, then, source))
+
+    async def _leave_message(self, answering: Screening) -> None:
+        """What was taken for a person is a machine: stop talking, as `say` does, and leave
+        the message after its beep (`pipeline.answering.screening`)."""
+        self._discard_speculation("an answering machine")
+        await self._interrupt()
+        leave = answering.leave(self._say, self.transport.hang_up)
+        self._response = asyncio.create_task(leave)
 
     # -- keypad -----------------------------------------------------------------------------
 

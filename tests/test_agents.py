@@ -218,6 +218,10 @@ BAD_FILES = [
         "greater than or equal to 0",
         id="holding",
     ),
+    pytest.param('voicemail: ""\n', "voicemail", "at least 1 character", id="voicemail-empty"),
+    pytest.param(
+        f"voicemail: {'x' * 2001}\n", "voicemail", "at most 2000 characters", id="voicemail-long"
+    ),
 ]
 
 

@@ -3,7 +3,8 @@ faithful fakes of Twilio's Calls API, Telnyx's Dial and Vonage's createCall
 (tests/support/outbound_apis.py): the exact request Hotline sends, then the media stream the
 provider would open with what it was given (Twilio's TwiML, Telnyx's stream URL, Vonage's
 NCCO), played by the emulated phone, a turn spoken and answered, and the call's record and
-webhook; refusals (401, 422, 501, 502, 503, 429) reach no provider or name its error."""
+webhook; with machine detection, who answered (a recorded voicemail greeting and beep, a
+"Hello."); refusals (401, 422, 502, 503, 429) reach no provider or name its error."""
 
 from __future__ import annotations
 
@@ -26,14 +27,16 @@ from tests.support.outbound_calls import (
     Hooks,
     VonageLeg,
     answer,
+    asterisk,
     one_turn,
     refused_stream,
+    screened_call,
     stream_of,
     telnyx_answers,
 )
 from tests.support.poll import wait_until
 from tests.support.server import Server, logged, start_server, stop_server
-from tests.support.speech import utterance
+from tests.support.speech import concat, silence, utterance
 from voice.cli.main import app as cli
 from voice.devtools.turns import CallResult
 
@@ -57,12 +60,15 @@ OURS = "+15551110000"  # the number Hotline calls from (the survey agent's own l
 CUSTOMER = "+15557654321"  # routed by number, this would reach the default agent
 BLOCKED = "+2125550100"  # the account's geographic permissions do not allow it
 GREETING = "Hi, Acme here about your order."
+VOICEMAIL = "Hi, this is Acme about your spring order. Please call us back."
+SCREENED = {"to": CUSTOMER, "from": OURS, "agent": "survey", "machine_detection": True}
 SURVEY = f"""
 name: survey
 numbers: ["{OURS}"]
 instructions: You call customers to ask how their spring order went.
 greeting: "{GREETING}"
 builtin_tools: []
+voicemail: "{VOICEMAIL}"
 """
 CALLS_PER_SECOND = 3
 
@@ -278,15 +284,55 @@ def test_a_bad_request_is_422_naming_the_field(
     assert len(apis.received) == before
 
 
-def test_answering_machine_options_are_refused_until_they_are_supported(
+def test_a_machine_gets_the_agent_s_voicemail_after_its_beep(
+    dialer: Server, apis: OutboundApis, hooks: Hooks
+) -> None:
+    """Allison's voicemail greeting, then Asterisk's beep: the record says machine, the agent's
+    message is said after the beep has ended (by the phone's own clock), and the call ends."""
+    opening = concat(silence(300), asterisk("vm-intro"), silence(400), asterisk("beep"))
+    answered, call = screened_call(dialer, AUTH, apis, SCREENED, opening)
+    assert answered.server_ended, "the call did not end after the message"
+    assert answered.media_at, "no message was said"
+    assert min(answered.media_at) > answered.sent_by(len(opening))  # none before the beep ended
+    answered_by = call["answered_by"]
+    assert answered_by["result"] == "machine", answered_by
+    assert abs(answered_by["beep_ms"] - len(opening) / 16) <= 200, answered_by  # 16 kHz
+    assert call["records"] == []  # no LLM turn on a machine
+    assert [m["content"] for m in call["history"]] == [VOICEMAIL]
+    assert call["end_reason"] == "voicemail: message left"
+    document = wait_until(lambda: hooks.documents.get(call["call_id"]), "its webhook", within_s=20)
+    assert document["call"]["answered_by"] == answered_by
+
+
+def test_a_person_is_greeted_once_they_said_hello(dialer: Server, apis: OutboundApis) -> None:
+    """Allison's "Hello.": the record says human, the greeting is the answer to it (nothing is
+    played before it ended, and it is no turn of its own), and the next words are a turn."""
+    hello, speech = concat(silence(300), asterisk("hello")), utterance("The delivery came on time.")
+    body = {**SCREENED, "voicemail": None}
+    answered, call = screened_call(dialer, AUTH, apis, body, hello, [speech], linger_s=0)
+    assert answered.first_heard is not None and answered.first_heard > answered.sent_by(len(hello))
+    [turn] = answered.turns
+    assert turn.reply_start is not None, "the turn got no reply"
+    assert (call["answered_by"]["result"], call["answered_by"]["beep_ms"]) == ("human", None)
+    assert call["history"][0]["content"] == GREETING
+    [record] = call["records"]  # the "Hello." was answered by the greeting, not by a turn
+    assert "delivery" in record["caller_text"].lower(), record
+    assert "hello" not in record["caller_text"].lower(), record
+
+
+def test_a_machine_taken_for_a_person_gets_the_message_after_its_beep(
     dialer: Server, apis: OutboundApis
 ) -> None:
-    before = len(apis.received)
-    asked = {"to": CUSTOMER, "from": OURS, "agent": "survey", "machine_detection": True}
-    response = place(dialer, asked)
-    assert response.status_code == 501, response.text
-    assert "machine_detection and voicemail are not supported yet" in response.json()["error"]
-    assert len(apis.received) == before
+    """ "Hello.", a pause, a beep: greeted as a person until the beep, then left the message."""
+    opening = concat(silence(300), asterisk("hello"), silence(1500), asterisk("beep"))
+    answered, call = screened_call(dialer, AUTH, apis, SCREENED, opening)
+    assert answered.server_ended, "the call did not end after the message"
+    assert max(answered.media_at) > answered.sent_by(len(opening))  # the message, after the beep
+    answered_by = call["answered_by"]
+    assert (answered_by["result"], answered_by["revised"]) == ("machine", True), answered_by
+    assert call["records"] == []  # no LLM turn
+    assert call["history"][-1]["content"] == VOICEMAIL
+    assert call["end_reason"] == "voicemail: message left"
 
 
 def test_twilio_refusing_a_call_is_a_502_with_its_code(dialer: Server, apis: OutboundApis) -> None:
@@ -314,6 +360,9 @@ def test_hotline_dial_places_a_call_and_says_a_refusal_in_one_line(
     assert refused.exit_code == 1
     assert "HTTP 502" in refused.output and "code 21215" in refused.output
     assert "Traceback" not in refused.output
+    command[2], command[-2:-2] = CUSTOMER, ["--voicemail", "Call us back."]  # no screening
+    unscreened = CliRunner().invoke(cli, command, env={"HOTLINE_API_TOKEN": API_TOKEN})
+    assert unscreened.exit_code == 1 and "needs machine_detection" in unscreened.output
 
 
 def test_a_burst_beyond_the_calls_per_second_is_refused(dialer: Server, apis: OutboundApis) -> None:

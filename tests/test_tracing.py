@@ -459,3 +459,14 @@ def test_spans_reach_an_otlp_http_collector(receiver: Receiver) -> None:
     assert service["service.name"] == "hotline-test"
     assert turn.start_time_unix_nano == ns(0)
     assert turn.end_time_unix_nano == ns(640.0)
+
+
+def test_the_call_span_says_who_answered_a_placed_call(exported: InMemorySpanExporter) -> None:
+    tracer = TurnTracer(TracingSettings(), exporter=exported)
+    answered = {"result": "machine", "basis": "beep", "ms": 5120, "beep_ms": 5480}
+    tracer.record_call(call_record(end_reason="voicemail: message left", answered_by=answered))
+    (call,) = exported.get_finished_spans()
+    attributes = dict(call.attributes or {})
+    assert attributes["hotline.answered_by"] == "machine"
+    assert attributes["hotline.answered_by.basis"] == "beep"
+    assert attributes["hotline.end_category"] == "agent_ended"

@@ -1,6 +1,6 @@
 """The provider's side of a placed call in tests: Twilio's TwiML read back, the media stream
-each provider opens once the call is answered (one turn spoken), and the post-call webhook's
-receiver."""
+each provider opens once the call is answered (one turn spoken, or a scripted opening: a person's
+"Hello?", a voicemail greeting and its beep), and the post-call webhook's receiver."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import contextlib
 import json
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -17,14 +19,17 @@ from starlette.responses import JSONResponse, Response
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from pipeline.transport import PCM
+from pipeline.transport import FRAME_SAMPLES, PCM
+from tests.support.outbound_apis import OutboundApis
 from tests.support.poll import until
 from tests.support.server import Server
 from voice.agents.http_tools import SIGNATURE_HEADER, verify
-from voice.devtools.phone_caller import PhoneCallResult
+from voice.audio import read_wav
+from voice.devtools.phone_caller import PhoneCallResult, TwilioPhone, twilio_sid
 from voice.devtools.provider_phones import TelnyxPhone, VonagePhone
 from voice.devtools.stream_phone import StreamPhone, talk
-from voice.devtools.turns import CallerTurn, CallResult, converse
+from voice.devtools.turn_bench.sources import ASTERISK_SOUNDS, sources_dir
+from voice.devtools.turns import CallerTurn, CallResult, converse, first_audible_after
 from voice.devtools.twilio_call import place_twilio_call
 
 
@@ -44,6 +49,19 @@ class Hooks:
         document = json.loads(raw)
         self.documents[document["call"]["call_id"]] = document
         return JSONResponse({"ok": True})
+
+
+def asterisk(name: str) -> PCM:
+    """One of Asterisk's recorded prompts (Allison: "vm-intro", "beep", "hello"), fetched as
+    `hotline amd-bench` fetches them."""
+    return read_wav(sources_dir() / ASTERISK_SOUNDS / f"{name}.wav")
+
+
+def twilio_stream(created: Any) -> tuple[str, str, dict[str, str]]:
+    """The placed call's sid, its stream's URL and parameters, from the create Twilio got
+    (`OutboundApis.created`)."""
+    url, _, parameters = stream_of(created.body["Twiml"])
+    return created.answer["sid"], url, parameters
 
 
 def stream_of(twiml: str) -> tuple[str, str | None, dict[str, str]]:
@@ -136,3 +154,69 @@ class VonageLeg(VonagePhone):
     async def open(self) -> None:
         connected = {"event": "websocket:connected", "content-type": "audio/l16;rate=16000"}
         await self.send(json.dumps({**connected, **self.headers}))
+
+
+@dataclass
+class Answered:
+    """A placed call answered by a scripted opening, from the phone's side: when each frame of
+    the opening was sent, when each of the server's media messages arrived, the turns spoken
+    after the opening, and whether the server ended the call."""
+
+    sent: list[float]
+    media_at: list[float]
+    turns: list[CallerTurn]
+    server_ended: bool
+    first_heard: float | None  # the first audible frame the phone played
+
+    def sent_by(self, samples: int) -> float:
+        """When the opening's first `samples` (16 kHz) had all gone: its frame holding the
+        last of them was sent, and 20 ms of it played."""
+        return self.sent[(samples - 1) // FRAME_SAMPLES] + 0.02
+
+
+async def answer_with(
+    url: str,
+    sid: str,
+    parameters: dict[str, str],
+    opening: PCM,
+    then: Sequence[PCM] = (),
+    linger_s: float = 20.0,
+) -> Answered:
+    """Answer the placed call as Twilio would, play `opening` (a person's "Hello?", a
+    machine's greeting and beep) from the answer on, then speak `then` one turn each (after
+    the greeting is heard out); stay on the line up to `linger_s` for the server to end it."""
+    turns: list[CallerTurn] = []
+    sent: list[float] = []
+
+    async with connect(url, compression=None, open_timeout=10) as socket:
+        phone = TwilioPhone(socket, sid, twilio_sid("AC"), parameters)
+        await phone.open()
+
+        async def script() -> None:
+            sent.extend(await phone.say(opening))
+            if then:
+                await converse(phone, list(then), turns, opening_wait_s=10)
+
+        server_ended = await talk(phone, linger_s, script())
+    media_at = [m.at for m in phone.received if m.event == "media"]
+    first_heard = first_audible_after(0.0)(list(phone.ear.frames))
+    return Answered(sent, media_at, turns, server_ended, first_heard)
+
+
+def screened_call(
+    server: Server,
+    auth: dict[str, str],
+    apis: OutboundApis,
+    body: dict[str, Any],
+    opening: PCM,
+    then: Sequence[PCM] = (),
+    linger_s: float = 20.0,
+) -> tuple[Answered, dict[str, Any]]:
+    """Place `body` (a call with machine detection), answer it with `opening` (`answer_with`),
+    and read the call's record back."""
+    response = httpx.post(f"{server.url}/calls/outbound", json=body, headers=auth, timeout=30)
+    assert response.status_code == 202, response.text
+    sid, url, parameters = twilio_stream(apis.created[-1])
+    answered = asyncio.run(answer_with(url, sid, parameters, opening, then, linger_s))
+    call = httpx.get(f"{server.url}/calls/{sid}", headers=auth, timeout=10).json()
+    return answered, call

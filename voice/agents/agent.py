@@ -225,6 +225,13 @@ class Agent(_Strict):
     recording_notice: str | None = Field(
         default=None, min_length=1, description="What announce says before recording."
     )
+    voicemail: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        description="Left after the beep when a call placed with machine_detection reaches a "
+        "machine and the request gives no message; absent: hang up without one.",
+    )
 
     @classmethod
     def default(cls) -> Agent:

@@ -21,11 +21,22 @@ def dial_command(
         str | None,
         typer.Option(help="JSON object kept with the call (its record and webhook)"),
     ] = None,
+    machine_detection: Annotated[
+        bool, typer.Option(help="Greet a person; on an answering machine, leave --voicemail")
+    ] = False,
+    voicemail: Annotated[
+        str | None,
+        typer.Option(help="Left after a machine's beep (hang_up: none; default: the agent's)"),
+    ] = None,
     url: UrlOption = DEFAULT_URL,
     token: TokenOption = None,
 ) -> None:
     """Place a call: the provider rings --to from --from, and --agent talks once answered."""
     body: dict[str, object] = {"to": to, "from": from_, "agent": agent, "transport": transport}
+    if machine_detection:
+        body["machine_detection"] = True
+    if voicemail is not None:
+        body["voicemail"] = voicemail
     if metadata is not None:
         try:
             body["metadata"] = json.loads(metadata)

@@ -65,6 +65,8 @@ class RegisteredCall:
     notice: dict[str, object] | None = None
     direction: str = "inbound"  # or "outbound": Hotline placed it (voice/outbound/)
     metadata: dict[str, object] | None = None  # an outbound call's, as its request gave it
+    # A placed call with machine detection: who answered {"result", "basis", "ms", "beep_ms"}.
+    answered_by: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)

@@ -60,15 +60,20 @@ class Dialer:
         self.telnyx = TelnyxCalls(settings.call_control, client)
         self.vonage = VonageCalls(CallControl(settings.call_control, client), client)
 
-    async def place(self, order: OutboundRequest, base_url: str) -> PlacedCall:
+    async def place(
+        self, order: OutboundRequest, base_url: str, voicemail: str | None = None
+    ) -> PlacedCall:
         """Ask the provider to ring `order.to`; `base_url` is this server as the provider
-        reaches it. NotPlaceable, TooFast, RegistryUnavailable (Redis) or DialError (the
-        provider) when the call is not placed."""
+        reaches it; `voicemail`: the agent's own message for a machine. NotPlaceable, TooFast,
+        RegistryUnavailable (Redis) or DialError (the provider) when the call is not placed."""
         self._check(order)
         wait_s = self.rate.take(order.transport)
         if wait_s is not None:
             raise TooFast(order.transport, wait_s)
         dial = Dial(order.transport, order.to, order.from_, order.agent, dict(order.metadata))
+        if order.machine_detection:
+            message = order.voicemail_message(voicemail)
+            dial = dataclasses.replace(dial, machine_detection=True, voicemail=message)
         ttl_s = self.settings.outbound.answer_within_s
         await self.book.put(dial, ttl_s)
         try:
@@ -118,10 +123,6 @@ class Dialer:
         if not configured:
             raise NotPlaceable(
                 f"{order.transport} is not configured: set HOTLINE_CALL_CONTROL__{settings}"
-            )
-        if order.machine_detection or order.voicemail is not None:
-            raise NotPlaceable(
-                "machine_detection and voicemail are not supported yet: leave them out"
             )
 
     def _token(self, dial: Dial) -> str | None:

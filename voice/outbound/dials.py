@@ -32,6 +32,8 @@ class Dial:
     metadata: dict[str, Any] = field(default_factory=dict)
     dial_id: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     call_id: str | None = None  # the provider's (Twilio's CallSid), once it took the call
+    machine_detection: bool = False  # a person or a machine? (pipeline/answering/)
+    voicemail: str | None = None  # left on a machine after its beep; None: hang up
 
 
 class DialBook:

@@ -9,10 +9,18 @@ import re
 from collections.abc import Collection
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 E164 = re.compile(r"\+[1-9][0-9]{6,14}")  # whole string
 PROVIDERS = ("twilio", "telnyx", "vonage")
+HANG_UP = "hang_up"  # as the voicemail: hang up on a machine without a message
 METADATA_BYTES = 4096  # of the metadata as JSON: it goes into every copy of the call record
 
 
@@ -30,8 +38,28 @@ class OutboundRequest(BaseModel):
     agent: str = Field(description="The agent that talks (an agent file's name, or default).")
     transport: Literal["twilio", "telnyx", "vonage"] = "twilio"
     metadata: dict[str, Any] = Field(default_factory=dict)
-    machine_detection: bool = False
-    voicemail: str | None = Field(default=None, max_length=2000)
+    machine_detection: bool = Field(
+        default=False, description="Tell a person from an answering machine before talking."
+    )
+    voicemail: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2000,
+        description="Left on a machine after its beep; null or hang_up: hang up without a "
+        "message; absent: the agent's voicemail (none: hang up).",
+    )
+
+    @model_validator(mode="after")
+    def _voicemail_needs_detection(self) -> OutboundRequest:
+        if "voicemail" in self.model_fields_set and not self.machine_detection:
+            raise ValueError("voicemail: needs machine_detection: true")
+        return self
+
+    def voicemail_message(self, agents_own: str | None) -> str | None:
+        """What a machine is told (None: hang up): the request's message, else the agent's."""
+        if "voicemail" not in self.model_fields_set:
+            return agents_own
+        return None if self.voicemail in (None, HANG_UP) else self.voicemail
 
     @field_validator("to", "from_")
     @classmethod
@@ -67,7 +95,7 @@ def _problem(error: Any) -> str:
     if error["type"] == "missing":
         return f"{where}: required"
     message = str(error["msg"]).removeprefix("Value error, ")
-    return f"{where}: {message}"
+    return f"{where}: {message}" if where else message
 
 
 _FIELDS = ("to", "from", "agent", "transport", "metadata", "machine_detection", "voicemail")

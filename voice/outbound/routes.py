@@ -47,8 +47,9 @@ async def place_call(request: Request) -> JSONResponse:
         return error(503, f"no call can be admitted now ({refusal})", {"Retry-After": "1"})
     dialer: Dialer = request.app.state.dialer
     base = public_url(request, settings).split("?")[0].rsplit("/calls/", 1)[0]
+    ready = board.agents.named(order.agent) if board.agents is not None else None
     try:
-        placed = await dialer.place(order, base)
+        placed = await dialer.place(order, base, ready.agent.voicemail if ready else None)
     except NotPlaceable as exc:
         return error(501, str(exc))
     except TooFast as exc:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from pipeline.answering.screening import ScreeningSettings
+
 
 class OutboundSettings(BaseModel):
     """How Hotline places calls (voice/outbound/)."""
@@ -17,3 +19,5 @@ class OutboundSettings(BaseModel):
     answer_within_s: float = Field(default=120.0, gt=0)
     # Where the provider posts the call's progress (Twilio `StatusCallback`), if anywhere.
     status_callback_url: str | None = None
+    # Answering-machine detection on calls placed with machine_detection (pipeline/answering/).
+    answering: ScreeningSettings = Field(default_factory=ScreeningSettings)

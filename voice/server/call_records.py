@@ -73,6 +73,8 @@ class CallRecord:
     notice: dict[str, object] | None = None  # what became of the recording notice (notice_view)
     direction: str = "inbound"  # or "outbound": Hotline placed the call (voice/outbound/)
     metadata: dict[str, object] | None = None  # an outbound call's, from its request
+    # with machine detection: who answered (pipeline.answering.screening.Screening.answered_by)
+    answered_by: dict[str, object] | None = None
 
     @property
     def state(self) -> str:
@@ -98,6 +100,7 @@ class CallRecord:
             "agent": self.agent,
             "direction": self.direction,
             "metadata": self.metadata,
+            "answered_by": self.answered_by,
         }
 
     def detail(self) -> dict[str, object]:
@@ -162,6 +165,7 @@ class Call:
             self.notice(),
             self.direction,
             self.metadata,
+            answering.answered_by() if (answering := conversation.answering) else None,
         )
 
     def notice(self) -> dict[str, object] | None:

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any
 
+from pipeline.answering.screening import Screening
 from pipeline.conversation import Conversation
 from pipeline.llm.routing import Policy, TierRouter
 from pipeline.opening import NOTICE_ATTEMPTS
@@ -160,10 +161,11 @@ class Switchboard:
         caller: str | None = None,
         callee: str | None = None,
         outbound: tuple[str, dict[str, object]] | None = None,
+        answering: Screening | None = None,
     ) -> Call:
         """Run a conversation over `transport` until the call ends, with the agent the call
-        reaches (its instructions, greeting, voice, policy and tools). `outbound`: Hotline
-        placed the call (voice/outbound/), with this agent and metadata."""
+        reaches (its instructions, greeting, voice, policy and tools). `outbound`: Hotline placed
+        the call (voice/outbound/), with this agent and metadata; `answering`: machine detection."""
         experiment, arm, policy = self._arms.pop(call_id, (None, None, self.settings.policy))
         ready = self.agents.for_call(kind, callee) if self.agents is not None else None
         if outbound is not None and self.agents is not None:
@@ -207,6 +209,7 @@ class Switchboard:
             notice_attempts=self.recordings.settings.notice_attempts
             if self.recordings is not None
             else NOTICE_ATTEMPTS,
+            answering=answering,
         )
         call = Call(call_id, kind, conversation, caller=caller, callee=callee)
         call.experiment, call.arm, call.agent = experiment, arm, ready
@@ -225,7 +228,6 @@ class Switchboard:
         metrics.ACTIVE_CALLS.set(n := len(self.active))
         call.task = asyncio.create_task(self._run(call, transport), name=f"call-{call.call_id}")
         in_arm = f", experiment {experiment} arm {arm}" if experiment else ""
-        name = ready.name if ready is not None else "default"
         log.info("call %s: admitted (%s, agent %s%s), %d active", call_id, kind, name, in_arm, n)
         return call
 
@@ -272,6 +274,7 @@ class Switchboard:
             if not self.active:
                 self._idle.set()
             record = call.record()  # not the conversation: see CallRecord
+            metrics.observe_answering(record.answered_by)  # its final verdict
             if self.tracer is not None:
                 self.tracer.record_call(record)  # also a call that ended before any turn
             self.finished[call.call_id] = record

@@ -40,6 +40,7 @@ _PREFIXES: tuple[tuple[str, EndCategory], ...] = (
     ("socket closed", "caller_hung_up"),  # a media websocket closed (Vonage's only end)
     ("client stopped reading", "connection_lost"),  # its sends backed up
     ("ended by the agent", "agent_ended"),
+    ("voicemail:", "agent_ended"),  # a placed call reached a machine: message left, or not
     ("transferred to", "transferred"),
     ("hung up through the api", "api_hang_up"),
     ("no audio for", "timeout"),

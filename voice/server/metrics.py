@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -88,6 +88,12 @@ RECORDING_UPLOADS = Counter(
     "Recordings copied to the bucket (uploaded) or not (failed, after retries).",
     ["outcome"],
 )
+ANSWERING = Counter(
+    "hotline_answering_total",
+    "Placed calls with machine detection, by who answered (human, machine, unknown) and the "
+    "rule that decided it (shape, beep, transcript, timeout).",
+    ["result", "basis"],
+)
 for _reason in CATEGORIES:  # every series from the start, so that rate() sees the first one
     CALLS_ENDED.labels(reason=_reason)
 for _outcome in (*WEBHOOK_OUTCOMES, "dropped"):
@@ -102,6 +108,12 @@ def observe_call_end(transport: str, end_reason: str | None, duration_s: float) 
     """Count an ended call by its end category and observe how long it lasted."""
     CALLS_ENDED.labels(reason=end_category(end_reason)).inc()
     CALL_DURATION.labels(transport=transport).observe(max(0.0, duration_s))
+
+
+def observe_answering(answered_by: Mapping[str, object] | None) -> None:
+    """Count who answered a placed call with machine detection (None: it had none)."""
+    if answered_by is not None:
+        ANSWERING.labels(result=str(answered_by["result"]), basis=str(answered_by["basis"])).inc()
 
 
 def count_webhook(outcome: str) -> None:

@@ -358,7 +358,7 @@ def _turn_attributes(
 
 
 def _call_attributes(call: CallRecord) -> dict[str, AttributeValue]:
-    transfer = call.transfer or {}
+    transfer, answered = call.transfer or {}, call.answered_by
     values: dict[str, AttributeValue | None] = {
         "hotline.call_id": call.call_id,
         "hotline.transport": call.transport,
@@ -371,6 +371,8 @@ def _call_attributes(call: CallRecord) -> dict[str, AttributeValue]:
         "hotline.transfer.outcome": transfer.get("outcome"),
         "hotline.experiment": call.experiment,
         "hotline.arm": call.arm,
+        "hotline.answered_by": str(answered["result"]) if answered else None,
+        "hotline.answered_by.basis": str(answered["basis"]) if answered else None,
     }
     return {key: value for key, value in values.items() if value is not None}
 

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import HTTPConnection
 
 from voice.cluster.records import RegistryUnavailable
+from voice.outbound.answered import screening_of
 from voice.outbound.dials import Dial, DialBook
 from voice.outbound.streams import DialRefused, call_id_of, stream_token_subject, take_dial
 from voice.server import metrics
@@ -206,8 +207,16 @@ async def answer_phone_stream(
     telephony = board.settings.telephony
     stream = PhoneStream(call_id, websocket, protocol, start, lead_s=telephony.lead_ms / 1e3)
     outbound = (dial.agent, dial.metadata) if dial is not None else None
+    settings = board.settings.outbound.answering
+    answering = screening_of(dial, call_id, board.phone_stt, settings, board.sessions)
     call = board.start(
-        call_id, stream, protocol.name, caller=start.caller, callee=start.callee, outbound=outbound
+        call_id,
+        stream,
+        protocol.name,
+        caller=start.caller,
+        callee=start.callee,
+        outbound=outbound,
+        answering=answering,
     )
     await pump(stream, bad, idle_timeout_s=telephony.media_idle_timeout_s)
     if call.task is not None:
