@@ -1,10 +1,11 @@
 """`hotline test`: the shipped scenarios pass against the example agents, and each kind of
 expectation fails against a deliberately broken copy of them.
 
-One real server (embedded simulator, piper, whisper) for the module, on copies of the example
-agents plus two broken ones; every call goes over the emulated Twilio phone, and the order
-lookup over the real HTTP tool path to the runner's signed mock endpoint. The shipped and the
-broken scenarios run once, together, four calls at once; the tests read their rows."""
+One real server (embedded simulator, piper, whisper, SIP on) for the module, on copies of the
+example agents plus two broken ones; the calls go over the emulated Twilio phone, and two
+shipped scenarios once more over SIP and Vonage; the order lookup goes over the real HTTP tool
+path to the runner's signed mock endpoint. All the scenarios run once, together, every call at
+once; the tests read their rows."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from voice.evals.calls import turn_audio
 from voice.evals.checks import Outcome
 from voice.evals.mocks import MockTools
 from voice.evals.report import Row, result_text, rows, write_junit
-from voice.evals.runner import Attempt, Prepared, Target, prepare, run_suite
+from voice.evals.runner import Attempt, Prepared, prepare, run_suite
 from voice.evals.scenario import Mock, Scenario, Turn, load_scenarios
 
 DEPLOY_AGENTS = Path(__file__).resolve().parent.parent / "deploy" / "agents"
@@ -91,6 +92,13 @@ def _broken_scenarios(into: Path) -> None:
     )
 
 
+def _over(into: Path, path: Path, transport: str) -> None:
+    """The shipped scenario at `path`, placed over `transport` (named `<stem>-<transport>`)."""
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    data.update(name=f"{path.stem}-{transport}", transport=transport)
+    (into / f"{path.stem}-{transport}.yaml").write_text(yaml.safe_dump(data))
+
+
 @dataclass
 class Run:
     server: Server
@@ -103,20 +111,24 @@ class Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     base = tmp_path_factory.mktemp("evals")
-    agents, broken = base / "agents", base / "broken"
-    agents.mkdir()
-    broken.mkdir()
+    agents, broken, transports = base / "agents", base / "broken", base / "transports"
+    for folder in (agents, broken, transports):
+        folder.mkdir()
     _broken_agents(agents)
     _broken_scenarios(broken)
-    scenarios = load_scenarios(SHIPPED) + load_scenarios(broken)
+    _over(transports, SHIPPED / "receptionist.yaml", "sip")
+    _over(transports, SHIPPED / "receptionist.yaml", "vonage")
+    _over(transports, SHIPPED / "order-status-keypad.yaml", "sip")
+    scenarios = load_scenarios(SHIPPED) + load_scenarios(broken) + load_scenarios(transports)
     prepared = prepare(scenarios, agents, base / "work")
+    assert prepared.sip_port is not None  # a SIP scenario: the server takes SIP calls
     server = start_server(prepared.server_env())
     try:
-        target = Target(server.url)
+        target = prepared.target(server.url)
         attempts = asyncio.run(run_suite(scenarios, prepared, target, parallel=len(scenarios)))
         yield Run(server, prepared, scenarios, rows(attempts), agents)
     finally:
-        prepared.mocks.close()
+        prepared.close()
         stop_server(server)
 
 
@@ -138,6 +150,40 @@ def test_the_shipped_scenarios_pass(run: Run) -> None:
     asked = [(r.tool, r.arguments) for r in run.prepared.mocks.requests]
     assert ("order_status", {"order_number": "12345678"}) in asked
     assert ("order_status", {"order_number": "87654321"}) in asked  # keyed in
+
+
+@pytest.mark.slow
+def test_the_scenarios_pass_over_sip_and_vonage(run: Run) -> None:
+    for scenario in ("receptionist-sip", "receptionist-vonage", "order-status-keypad-sip"):
+        mine = _rows(run, scenario)
+        assert not _rows(run, scenario, "fail"), mine
+        assert len(_rows(run, scenario, "pass")) >= 2, mine
+    # The transfers went by REFER and by Vonage's API (the run's), read from the call record.
+    for scenario in ("receptionist-sip", "receptionist-vonage"):
+        assert "call: transferred to front_desk" in _rows(run, scenario, "pass")
+    # Keys over SIP (RFC 4733), answered by the mock of the call the server listed as SIP's.
+    keyed = [r for r in run.prepared.mocks.requests if r.arguments == {"order_number": "87654321"}]
+    assert len(keyed) == 2 and {r.call_id[:2] for r in keyed} != {"CA"}, keyed
+
+
+def test_keys_over_webrtc_are_refused_naming_file_and_field(tmp_path: Path) -> None:
+    keyed = tmp_path / "keyed.yaml"
+    keyed.write_text("agent: receptionist\ntransport: webrtc\nturns:\n  - keys: '1'\n")
+    result = CliRunner().invoke(app, ["test", str(keyed)])
+    assert result.exit_code == 2
+    assert f"{keyed}: turns[0].keys: a WebRTC call has no keypad (transport: webrtc)" in (
+        result.output
+    )
+
+
+def test_the_transport_option_overrides_every_scenario(tmp_path: Path) -> None:
+    assert {s.transport for s in load_scenarios(SHIPPED, "sip")} == {"sip"}
+    assert {s.transport for s in load_scenarios(SHIPPED)} == {"twilio"}
+    result = CliRunner().invoke(app, ["test", str(SHIPPED), "--transport", "webrtc"])
+    assert result.exit_code == 2
+    keypad = SHIPPED / "order-status-keypad.yaml"
+    expected = f"{keypad}: turns[0].keys: a WebRTC call has no keypad (--transport webrtc)"
+    assert expected in result.output.splitlines(), result.output
 
 
 @pytest.mark.slow

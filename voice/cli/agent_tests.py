@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -17,6 +18,9 @@ console = Console()
 
 if TYPE_CHECKING:
     from voice.evals.runner import Attempt
+
+# As voice.evals.scenario.Transport (not imported here: the CLI loads it only when run).
+TransportName = Literal["twilio", "telnyx", "vonage", "sip", "webrtc"]
 
 
 def agent_test_command(
@@ -32,6 +36,13 @@ def agent_test_command(
         ),
     ] = None,
     token: TokenOption = None,
+    transport: Annotated[
+        TransportName | None,
+        typer.Option(help="Place every call over this transport [default: each scenario's own]"),
+    ] = None,
+    sip_port: Annotated[
+        int, typer.Option(help="The --url server's SIP port (for SIP scenarios)")
+    ] = 5060,
     parallel: Annotated[int, typer.Option(min=1, max=32, help="Calls at once")] = 1,
     repeat: Annotated[
         int, typer.Option(min=1, max=20, help="Call each scenario N times; report flaky checks")
@@ -52,7 +63,8 @@ def agent_test_command(
     from voice.evals.report import failed, print_table, rows, write_junit
 
     setup_logging(log_level)
-    table = rows(_run(directory, agents, url, token, auth_token, parallel, repeat))
+    server = _Server(url, token, auth_token, sip_port)
+    table = rows(_run(directory, agents, server, transport, parallel, repeat))
     print_table(table, console)
     if junit is not None:
         write_junit(table, junit)
@@ -60,12 +72,21 @@ def agent_test_command(
         raise typer.Exit(1)
 
 
+@dataclass(frozen=True)
+class _Server:
+    """The server given (`url` None: start one for the run) and how to reach it."""
+
+    url: str | None
+    token: str | None
+    auth_token: str | None
+    sip_port: int
+
+
 def _run(
     directory: Path,
     agents: Path | None,
-    url: str | None,
-    token: str | None,
-    auth_token: str | None,
+    server: _Server,
+    transport: TransportName | None,
     parallel: int,
     repeat: int,
 ) -> list[Attempt]:
@@ -76,11 +97,12 @@ def _run(
     from voice.evals.scenario import ScenarioFileError, load_scenarios
 
     try:
-        scenarios = load_scenarios(directory)
+        scenarios = load_scenarios(directory, transport)
     except ScenarioFileError as exc:
         typer.echo(f"hotline: the scenarios cannot run:\n{exc}", err=True)
         raise typer.Exit(2) from None
     agents_dir = agents or (directory if directory.is_dir() else directory.parent).parent
+    url = server.url
     with workdir() as scratch:
         try:
             prepared = prepare(scenarios, agents_dir, Path(scratch), lookup_only=url is not None)
@@ -91,12 +113,17 @@ def _run(
             console.print("note: mocks are not applied to a server given with --url")
         try:
             with contextlib.ExitStack() as stack:
-                base = url or stack.enter_context(serve(prepared, Path(scratch) / "server.log"))
-                target = Target(base, token, auth_token, judge_settings())
+                if url is None:
+                    target = prepared.target(
+                        stack.enter_context(serve(prepared, Path(scratch) / "server.log"))
+                    )
+                else:
+                    target = Target(url, server.token, sip_port=server.sip_port)
+                target.twilio_auth_token, target.judge = server.auth_token, judge_settings()
                 attempts = asyncio.run(run_suite(scenarios, prepared, target, parallel, repeat))
         except RuntimeError as exc:
             typer.echo(f"hotline: {exc}", err=True)
             raise typer.Exit(2) from None
         finally:
-            prepared.mocks.close()
+            prepared.close()
     return attempts

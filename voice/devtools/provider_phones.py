@@ -19,7 +19,7 @@ import binascii
 import contextlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 import httpx
@@ -157,6 +157,33 @@ async def stream_url(
     return str(response.json()["stream_url"])
 
 
+def provider_call_id(provider: Provider) -> str:
+    """A fresh call id in the provider's shape: Telnyx's `call_control_id`, Vonage's `uuid`."""
+    return "v3:" + uuid.uuid4().hex if provider == "telnyx" else str(uuid.uuid4())
+
+
+@contextlib.asynccontextmanager
+async def provider_stream(
+    base_url: str,
+    provider: Provider,
+    *,
+    caller: str,
+    callee: str,
+    headers: dict[str, str] | None = None,
+    call_id: str | None = None,
+) -> AsyncIterator[TelnyxPhone | VonagePhone]:
+    """The provider's media stream to Hotline at `base_url` for a call from `caller` to
+    `callee` (`call_id`, default a fresh one), opened as the provider opens it (a stream token
+    first); the phone, its first messages sent, until the block ends."""
+    call_id = call_id or provider_call_id(provider)
+    url = await stream_url(base_url, provider, call_id, headers or {})
+    async with connect(url, compression=None, open_timeout=10) as socket:
+        phone = (TelnyxPhone if provider == "telnyx" else VonagePhone)(socket, caller, callee)
+        phone.call_id = call_id
+        await phone.open()
+        yield phone
+
+
 async def place_provider_call(
     base_url: str,
     provider: Provider,
@@ -171,16 +198,12 @@ async def place_provider_call(
 ) -> CallResult:
     """Call Hotline at `base_url` as Telnyx or Vonage would, from `caller` to `callee`, and
     speak `utterances` (16 kHz), one turn each (`converse`'s turn-taking); then hang up."""
-    kind = TelnyxPhone if provider == "telnyx" else VonagePhone
-    call_id = "v3:" + uuid.uuid4().hex if provider == "telnyx" else str(uuid.uuid4())
-    url = await stream_url(base_url, provider, call_id, headers or {})
     turns: list[CallerTurn] = []
-    async with connect(url, compression=None, open_timeout=10) as socket:
-        phone = kind(socket, caller, callee)
-        phone.call_id = call_id
-        await phone.open()
+    async with provider_stream(
+        base_url, provider, caller=caller, callee=callee, headers=headers
+    ) as phone:
         script = converse(
             phone, utterances, turns, quiet_s=quiet_s, dtmf=dtmf, opening_wait_s=opening_wait_s
         )
         await talk(phone, 0.0, script)
-    return CallResult(call_id, turns, phone.ear.audio())
+    return CallResult(phone.call_id, turns, phone.ear.audio())

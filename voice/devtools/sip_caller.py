@@ -16,13 +16,14 @@ SIP gives the caller no handle on the server's id of the call: the server lists 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import socket
 import ssl
 import struct
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +62,7 @@ class SipCallResult(CallResult):
     codec: str | None = None
     server_hung_up: bool = False  # the server sent BYE first
     bye_status: int | None = None  # the answer to our BYE
+    referred_to: str | None = None  # where the server's REFER asked us to transfer the call
     packets_sent: int = 0
     packets_received: int = 0
 
@@ -164,6 +166,109 @@ def _local_address(address: str, port: int) -> str:
         return str(s.getsockname()[0])
 
 
+class SipLine:
+    """One SIP call, the caller's end: the phone to speak on once answered (`result.rejected`
+    says why not), and the dialog to hang up."""
+
+    def __init__(self, phone: SipPhone, leg: SipLeg | None, result: SipCallResult) -> None:
+        self.phone, self.leg, self.result = phone, leg, result
+
+    async def talk(self, conversation: Coroutine[Any, Any, None]) -> None:
+        """Run `conversation` until it ends or the server hangs up; then BYE, if the server
+        did not hang up first."""
+        if self.leg is None or self.result.rejected is not None:
+            conversation.close()
+            return
+        self.result.server_hung_up = await _talk(self.phone, conversation)
+        if not self.result.server_hung_up:
+            self.result.bye_status = await self.leg.bye()
+
+
+@contextlib.asynccontextmanager
+async def open_sip_call(
+    host: str,
+    port: int,
+    *,
+    number: str = "+15551230000",
+    caller: str | None = None,
+    transport: SipTransport = "udp",
+    local_host: str | None = None,
+    codecs: Sequence[str] = ("PCMU", "PCMA"),
+    tls: ssl.SSLContext | None = None,
+    accept_refer: bool = False,
+) -> AsyncIterator[SipLine]:
+    """Call `number` at the SIP server `host:port` (INVITE, ACK); the line, until the block
+    ends. `caller` is the From user (default: a unique `bench-<hex>`); `local_host` the address
+    for SIP and RTP (default: this machine's on the route to `host`). Failures come back in
+    `result.rejected` (a non-2xx final status, no answer, an unusable SDP answer, a socket
+    error while talking), not raised. `tls` checks the server's certificate on a "tls" call
+    (default: the system's trusted CAs). With `accept_refer` a transfer (REFER) is accepted and
+    reported done, its target kept in `result.referred_to`; else it is refused (501)."""
+    caller = caller or f"bench-{secrets.token_hex(4)}"
+    result = SipCallResult("", [], np.zeros(0, dtype=np.int16), caller=caller)
+    phone = SipPhone()
+    target = f"sip:{number}@{hostport(host, port)}" + (
+        f";transport={transport}" if transport != "udp" else ""
+    )
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        address = (str(infos[0][4][0]), int(infos[0][4][1]))
+        local_host = local_host or _local_address(*address)
+        leg = SipLeg(transport, address, target, tls, accept_refer)
+        phone.hung_up = leg.hung_up
+        await leg.open(local_host, caller)
+    except OSError as exc:
+        result.rejected = f"unreachable: {exc!r}"
+        yield SipLine(phone, None, result)
+        return
+    rtp: CallerRtp | None = None
+    try:
+        result.call_id = result.sip_call_id = leg.call_id
+        rtp = await open_caller_rtp(local_host, phone.heard, codecs[0])
+        await _invite(leg, rtp, phone, result, local_host, codecs)
+        yield SipLine(phone, leg, result)
+    except (OSError, SipParseError) as exc:
+        log.warning("sip call %s failed: %r", result.sip_call_id, exc)
+        result.rejected = result.rejected or f"failed: {exc!r}"
+    finally:
+        if rtp is not None:
+            rtp.close()
+            result.packets_sent, result.packets_received = rtp.packets_out, rtp.packets_in
+        leg.close()
+        result.reply_audio = phone.ear.audio()
+        result.referred_to = leg.referred_to
+
+
+async def _invite(
+    leg: SipLeg,
+    rtp: CallerRtp,
+    phone: SipPhone,
+    result: SipCallResult,
+    local_host: str,
+    codecs: Sequence[str],
+) -> None:
+    """INVITE with our offer; on a usable answer the phone's RTP goes to the server's media,
+    else `result.rejected` says why (and an answered call is hung up)."""
+    offer = offer_sdp(local_host, rtp.local_port, codecs)
+    final = await leg.invite(offer, result.provisional)
+    result.status = final.status if final is not None else None
+    if final is None or (final.status or 0) >= 300:
+        result.rejected = f"{final.status} {final.reason}" if final else "no answer"
+        return
+    try:
+        remote = parse_sdp(final.body)
+        codec, events = choose(remote, codecs)
+    except SdpError as exc:
+        result.rejected = f"unusable SDP answer: {exc}"
+        result.bye_status = await leg.bye()
+        return
+    result.codec = codec.name
+    rtp.codec = G711(codec.name)
+    rtp.dtmf_payload_type = events.payload_type if events else None
+    rtp.remote = (remote.address, remote.port)
+    phone.rtp = rtp
+
+
 async def place_sip_call(
     host: str,
     port: int,
@@ -181,79 +286,36 @@ async def place_sip_call(
     tls: ssl.SSLContext | None = None,
     opening_wait_s: float | None = None,
 ) -> SipCallResult:
-    """Call `number` at the SIP server `host:port` and speak `utterances` (16 kHz), one turn
-    each (`converse`'s turn-taking, `barge_in_after_ms`, `dtmf` and `opening_wait_s`), then hang
-    up.
+    """Call `number` at the SIP server `host:port` (`open_sip_call`) and speak `utterances`
+    (16 kHz), one turn each (`converse`'s turn-taking, `barge_in_after_ms`, `dtmf` and
+    `opening_wait_s`), then hang up.
 
-    `caller` is the From user (default: a unique `bench-<hex>`); `local_host` the address for
-    SIP and RTP (default: this machine's on the route to `host`). `call_id` is the SIP Call-ID
-    (the server's own id is listed by `GET /calls` with `caller`). Failures come back in
-    `rejected` (a non-2xx final status, no answer, an unusable SDP answer), not raised. `tls`
-    checks the server's certificate on a "tls" call (default: the system's trusted CAs).
+    `call_id` is the SIP Call-ID (the server's own id is listed by `GET /calls` with `caller`).
     """
-    caller = caller or f"bench-{secrets.token_hex(4)}"
-    result = SipCallResult("", [], np.zeros(0, dtype=np.int16), caller=caller)
-    phone = SipPhone()
-    rtp: CallerRtp | None = None
-    target = f"sip:{number}@{hostport(host, port)}" + (
-        f";transport={transport}" if transport != "udp" else ""
-    )
-    try:
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-        address = (str(infos[0][4][0]), int(infos[0][4][1]))
-        local_host = local_host or _local_address(*address)
-        leg = SipLeg(transport, address, target, tls)
-        phone.hung_up = leg.hung_up
-        await leg.open(local_host, caller)
-    except OSError as exc:
-        result.rejected = f"unreachable: {exc!r}"
-        return result
-    try:
-        result.call_id = result.sip_call_id = leg.call_id
-        rtp = await open_caller_rtp(local_host, phone.heard, codecs[0])
-        offer = offer_sdp(local_host, rtp.local_port, codecs)
-        final = await leg.invite(offer, result.provisional)
-        result.status = final.status if final is not None else None
-        if final is None or (final.status or 0) >= 300:
-            result.rejected = f"{final.status} {final.reason}" if final else "no answer"
-            return result
-        try:
-            remote = parse_sdp(final.body)
-            codec, events = choose(remote, codecs)
-        except SdpError as exc:
-            result.rejected = f"unusable SDP answer: {exc}"
-            result.bye_status = await leg.bye()
-            return result
-        result.codec = codec.name
-        rtp.codec = G711(codec.name)
-        rtp.dtmf_payload_type = events.payload_type if events else None
-        rtp.remote = (remote.address, remote.port)
-        phone.rtp = rtp
+    async with open_sip_call(
+        host,
+        port,
+        number=number,
+        caller=caller,
+        transport=transport,
+        local_host=local_host,
+        codecs=codecs,
+        tls=tls,
+    ) as line:
         script = converse(
-            phone,
+            line.phone,
             utterances,
-            result.turns,
+            line.result.turns,
             barge_in_after_ms=barge_in_after_ms,
             dtmf=dtmf,
             reply_timeout_s=reply_timeout_s,
             quiet_s=quiet_s,
             opening_wait_s=opening_wait_s,
         )
-        result.server_hung_up = await _talk(phone, script)
-        if not result.server_hung_up:
-            result.bye_status = await leg.bye()
-    except (OSError, SipParseError) as exc:
-        log.warning("sip call %s failed: %r", result.sip_call_id, exc)
-        result.rejected = result.rejected or f"failed: {exc!r}"
-    finally:
-        if rtp is not None:
-            rtp.close()
-            result.packets_sent, result.packets_received = rtp.packets_out, rtp.packets_in
-        leg.close()
-        result.reply_audio = phone.ear.audio()
+        await line.talk(script)
     if barge_in_after_ms is not None:
-        result.barge_in_stop_ms = stop_ms(result.turns)
-    return result
+        line.result.barge_in_stop_ms = stop_ms(line.result.turns)
+    return line.result
 
 
 async def _talk(phone: SipPhone, conversation: Coroutine[Any, Any, None]) -> bool:

@@ -48,10 +48,13 @@ class SipLeg(asyncio.DatagramProtocol):
         remote: tuple[str, int],
         target: str,
         tls: ssl.SSLContext | None = None,
+        accept_refer: bool = False,
     ) -> None:
-        """`tls`: the context a "tls" leg checks the server's certificate with."""
+        """`tls`: the context a "tls" leg checks the server's certificate with; `accept_refer`:
+        a REFER (a transfer) is accepted and reported done, else refused (501)."""
         self.transport, self.remote, self.target = transport, remote, target
         self.tls = tls
+        self.accept_refer = accept_refer
         self.hung_up = asyncio.Event()
         self.call_id = self.sent_by = self.local = self.contact = ""
         self.remote_party = f"<{target}>"  # To: gets the server's tag from its answer
@@ -62,6 +65,8 @@ class SipLeg(asyncio.DatagramProtocol):
         self._writer: asyncio.StreamWriter | None = None
         self._reader: asyncio.Task[None] | None = None
         self._waiting: dict[str, asyncio.Queue[SipMessage]] = {}
+        self.referred_to: str | None = None  # the Refer-To of the server's REFER (a transfer)
+        self._notifying: set[asyncio.Task[None]] = set()
 
     async def open(self, local_host: str, caller: str) -> None:
         if self.transport in ("tcp", "tls"):
@@ -194,10 +199,33 @@ class SipLeg(asyncio.DatagramProtocol):
         elif message.method == "BYE" and message.call_id == self.call_id:
             self.hung_up.set()
             self.send(response_to(message, 200, "OK"))
+        elif message.method == "REFER" and message.call_id == self.call_id and self.accept_refer:
+            self._referred(message)
         elif message.method == "OPTIONS":
             self.send(response_to(message, 200, "OK"))
         elif message.method != "ACK":
             self.send(response_to(message, 501, "Not Implemented"))
+
+    def _referred(self, refer: SipMessage) -> None:
+        """A blind transfer (RFC 3515): accepted (202), and reported done at once by NOTIFY
+        ("SIP/2.0 200 OK"), as a phone whose call to the target was answered."""
+        with contextlib.suppress(SipParseError):
+            self.referred_to = parse_name_addr(refer.header("Refer-To") or "").uri
+        self.send(response_to(refer, 202, "Accepted"))
+        task = asyncio.get_running_loop().create_task(self._notify("SIP/2.0 200 OK"))
+        self._notifying.add(task)
+        task.add_done_callback(self._notifying.discard)
+
+    async def _notify(self, status_line: str) -> None:
+        self.cseq += 1
+        notify = self.request("NOTIFY", self.target, self.cseq)
+        notify.headers += [
+            ("Event", "refer"),
+            ("Subscription-State", "terminated;reason=noresource"),
+            ("Content-Type", "message/sipfrag;version=2.0"),
+        ]
+        notify.body = f"{status_line}\r\n".encode()
+        await self.transact(notify)
 
 
 def offer_sdp(address: str, port: int, codecs: Sequence[str]) -> str:

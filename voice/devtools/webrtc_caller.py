@@ -8,9 +8,10 @@ first audible reply frame received. The turns themselves are `voice.devtools.tur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from typing import Any
 
 import av
@@ -87,7 +88,7 @@ class _TrackEar(Ear):
             self.hung_up.set()
 
 
-class _WebRTCLine:
+class WebRTCLine:
     """The caller's end of a WebRTC call, as the turn loop uses it."""
 
     def __init__(self, mic: CallerMicrophone, ear: _TrackEar) -> None:
@@ -135,24 +136,23 @@ async def _until_hung_up(script: Coroutine[Any, Any, None], hung_up: asyncio.Eve
         await asyncio.gather(talking, ended, return_exceptions=True)
 
 
-async def place_call(
-    url: str,
-    utterances: Sequence[PCM],
-    *,
-    barge_in_after_ms: float | None = None,
-    reply_timeout_s: float = 30.0,
-    quiet_s: float = 0.8,
-    token: str | None = None,
-    opening_wait_s: float | None = None,
-) -> CallResult:
-    """Call the Hotline server at `url` (with its API token, if it has one) and speak
-    `utterances`, one turn each.
+class WebRTCCall:
+    """One WebRTC call, the caller's end: its id, the line to speak on, the data channel's
+    events."""
 
-    Each utterance is spoken after the previous reply has finished (`quiet_s` of silence); with
-    `opening_wait_s`, the first after what the server says first (`converse`'s).
-    With `barge_in_after_ms`, the last utterance is spoken that long after the previous reply
-    started instead, interrupting it.
-    """
+    def __init__(self, call_id: str, line: WebRTCLine, events: list[dict[str, object]]) -> None:
+        self.call_id, self.line, self.events = call_id, line, events
+
+    async def talk(self, script: Coroutine[Any, Any, None]) -> None:
+        """Run the caller's `script` until it ends or the server hangs up."""
+        await _until_hung_up(script, self.line.ear.hung_up)
+
+
+@contextlib.asynccontextmanager
+async def open_webrtc_call(url: str, token: str | None = None) -> AsyncIterator[WebRTCCall]:
+    """Call the Hotline server at `url` (with its API token, if it has one): the offer sent,
+    its answer applied; the call until the block ends, then the peer connection closed.
+    httpx.HTTPStatusError if the server refuses the offer."""
     pc = RTCPeerConnection()
     mic = CallerMicrophone()
     ear = _TrackEar()
@@ -177,12 +177,37 @@ async def place_call(
         if track.kind == "audio":
             listeners.append(asyncio.create_task(ear.listen(track)))
 
-    turns: list[CallerTurn] = []
-    call_id = ""
     try:
         call_id = await _offer(pc, url, token)
+        yield WebRTCCall(call_id, WebRTCLine(mic, ear), events)
+    finally:
+        await pc.close()
+        for task in listeners:
+            task.cancel()
+
+
+async def place_call(
+    url: str,
+    utterances: Sequence[PCM],
+    *,
+    barge_in_after_ms: float | None = None,
+    reply_timeout_s: float = 30.0,
+    quiet_s: float = 0.8,
+    token: str | None = None,
+    opening_wait_s: float | None = None,
+) -> CallResult:
+    """Call the Hotline server at `url` (with its API token, if it has one) and speak
+    `utterances`, one turn each.
+
+    Each utterance is spoken after the previous reply has finished (`quiet_s` of silence); with
+    `opening_wait_s`, the first after what the server says first (`converse`'s).
+    With `barge_in_after_ms`, the last utterance is spoken that long after the previous reply
+    started instead, interrupting it.
+    """
+    turns: list[CallerTurn] = []
+    async with open_webrtc_call(url, token) as call:
         script = converse(
-            _WebRTCLine(mic, ear),
+            call.line,
             utterances,
             turns,
             barge_in_after_ms=barge_in_after_ms,
@@ -190,12 +215,8 @@ async def place_call(
             quiet_s=quiet_s,
             opening_wait_s=opening_wait_s,
         )
-        await _until_hung_up(script, ear.hung_up)
-    finally:
-        await pc.close()
-        for task in listeners:
-            task.cancel()
-    result = CallResult(call_id, turns, ear.audio(), events)
+        await call.talk(script)
+    result = CallResult(call.call_id, turns, call.line.ear.audio(), call.events)
     if barge_in_after_ms is not None:
         result.barge_in_stop_ms = barge_in_stop_ms(turns)
     return result

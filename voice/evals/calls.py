@@ -1,12 +1,13 @@
-"""A scenario's call: the caller's turns as audio, spoken over the emulated Twilio phone, and
-the server's record of the call once it ended.
+"""A scenario's call: the caller's turns as audio, played over a caller's line, and the
+server's record of the call once it ended.
 
-Text turns are spoken by piper (the bundled voice) and go through the phone path like a real
-caller's: the emulated Twilio phone (`voice.devtools.phone_caller.TwilioPhone`) sends them as
-8 kHz μ-law, so a word the STT mishears is misheard here too. Keypad turns are DTMF. Each turn
-waits for the previous reply to be heard out, as `voice.devtools.turns.converse` does; this
-loop is its own because a turn here may be keys as well as speech, and each turn's wall-clock
-start is kept to find its records in the call record.
+Text turns are spoken by piper (the bundled voice) and go through the transport's path like a
+real caller's (over a phone line as 8 kHz μ-law, so a word the STT mishears is misheard here
+too); keypad turns are DTMF. `play` runs the turns over any `voice.devtools.turns.Line` (each
+transport's line is opened by `voice.evals.lines`). Each turn waits for the previous reply to
+be heard out, as `voice.devtools.turns.converse` does; this loop is its own because a turn here
+may be keys as well as speech, and each turn's wall-clock start is kept to find its records in
+the call record.
 """
 
 from __future__ import annotations
@@ -20,28 +21,19 @@ from typing import Any
 
 import httpx
 import numpy as np
-from websockets.asyncio.client import connect
 
 from pipeline.transport import PCM, SAMPLE_RATE
 from voice.audio import read_wav, resample
 from voice.cli.client import auth_headers
-from voice.devtools.phone_caller import DEFAULT_CALLER, TwilioPhone, twilio_sid
-from voice.devtools.stream_phone import talk
 from voice.devtools.turns import (
     FRAME_S,
     OPENING_WAIT_S,
+    Line,
     first_audible_after,
     silent_for_after,
     voiced_span,
 )
-from voice.devtools.twilio_call import after_stream, answer_webhook
 from voice.evals.scenario import Scenario, Turn
-from voice.transports.phone.twilio import (
-    CALLEE_PARAMETER,
-    CALLER_PARAMETER,
-    SIGNATURE_HEADER,
-    twilio_signature,
-)
 
 OPENING_START_S = 5.0  # how long the caller waits to hear a greeting before speaking anyway
 REPLY_TIMEOUT_S = 30.0  # a turn with no reply heard this long ends the script
@@ -86,66 +78,45 @@ class HeardTurn:
 
 @dataclass
 class ScriptedCall:
-    """What the scripted caller lived through, and what Twilio's `<Connect action>` said."""
+    """What the scripted caller lived through, and where its side was told to transfer it."""
 
     call_id: str
     turns: list[HeardTurn] = field(default_factory=list)
-    rejected: str | None = None  # the webhook turned the call away (what it said)
-    transferred_to: str | None = None  # the number or SIP URI a `<Dial>` put the caller through to
+    rejected: str | None = None  # the call was turned away or failed (what was said)
+    # Twilio: the number or SIP URI `<Connect action>`'s `<Dial>` put the caller through to;
+    # SIP: the REFER's target (Telnyx, Vonage, WebRTC: only the call record says)
+    transferred_to: str | None = None
     server_ended: bool = False  # the server ended the stream (a transfer, a hang-up)
 
 
-async def _script(
-    phone: TwilioPhone, audio: Sequence[PCM | None], keys: Sequence[str], out: list[HeardTurn]
+async def play(
+    line: Line, audio: Sequence[PCM | None], keys: Sequence[str], out: list[HeardTurn]
 ) -> None:
-    opened = await phone.hear(first_audible_after(0.0), OPENING_START_S)
+    """The scenario's turns over `line` (any transport's): each after the previous reply was
+    heard out (the greeting first), appended to `out` as it begins; stops at a turn that gets
+    no reply."""
+    opened = await line.hear(first_audible_after(0.0), OPENING_START_S)
     if opened is not None:
-        await phone.hear(silent_for_after(opened, QUIET_S), OPENING_WAIT_S)
+        await line.hear(silent_for_after(opened, QUIET_S), OPENING_WAIT_S)
     for pcm, digits in zip(audio, keys, strict=True):
         began = time.time()
         if pcm is not None:
-            sent = await phone.say(pcm)
+            sent = await line.say(pcm)
             speech_end = sent[voiced_span(pcm)[1]] + FRAME_S
         else:
-            await phone.press(digits)
+            await line.press(digits)
             speech_end = time.monotonic()
         turn = HeardTurn(began, speech_end)
         out.append(turn)
-        turn.reply_start = await phone.hear(first_audible_after(speech_end), REPLY_TIMEOUT_S)
+        turn.reply_start = await line.hear(first_audible_after(speech_end), REPLY_TIMEOUT_S)
         if turn.reply_start is None:
             return  # no reply (or the call ended): the rest of the script cannot go on
-        await phone.hear(silent_for_after(turn.reply_start, QUIET_S), REPLY_TIMEOUT_S)
+        await line.hear(silent_for_after(turn.reply_start, QUIET_S), REPLY_TIMEOUT_S)
 
 
-async def place_call(
-    base_url: str,
-    scenario: Scenario,
-    number: str,
-    audio: Sequence[PCM | None],
-    call_id: str | None = None,
-    auth_token: str | None = None,
-) -> ScriptedCall:
-    """Call `number` at the server as Twilio does (the webhook, its `<Connect><Stream>`, then
-    `<Connect action>` once the server ends the stream) and play `scenario`'s turns."""
-    numbers = {CALLER_PARAMETER: scenario.caller or DEFAULT_CALLER, CALLEE_PARAMETER: number}
-    call = ScriptedCall(call_id or twilio_sid("CA"))
-    account = twilio_sid("AC")
-    answer = await answer_webhook(base_url, call.call_id, account, numbers, auth_token)
-    if isinstance(answer, str):
-        call.rejected = answer
-        return call
-    keys = [turn.keys or "" for turn in scenario.turns]
-    url = answer.stream_url
-    signed = {SIGNATURE_HEADER: twilio_signature(auth_token, url, {})} if auth_token else {}
-    async with connect(url, compression=None, open_timeout=10, additional_headers=signed) as socket:
-        phone = TwilioPhone(socket, call.call_id, account, answer.parameters)
-        await phone.open()
-        call.server_ended = await talk(phone, 0.0, _script(phone, audio, keys, call.turns))
-    if call.server_ended and answer.action_url is not None:
-        _, call.transferred_to = await after_stream(
-            answer.action_url, call.call_id, account, numbers, auth_token
-        )
-    return call
+def keys_of(scenario: Scenario) -> list[str]:
+    """Each turn's keys ("" for a spoken turn)."""
+    return [turn.keys or "" for turn in scenario.turns]
 
 
 async def call_record(base_url: str, call_id: str, token: str | None) -> dict[str, Any]:

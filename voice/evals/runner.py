@@ -1,10 +1,11 @@
 """The runner behind `hotline test`: every scenario's call, placed and checked.
 
 `prepare` loads the agents (copies whose mocked tools point at the run's `MockTools`) and
-`run_suite` places each scenario's call over the emulated Twilio phone, `--parallel` at a time
-and `--repeat` times each, and checks it (`voice.evals.checks`). `serve` starts the real
-server on those agent copies (`hotline serve` in a child process on a free loopback port), so a
-test run is one command; `hotline test --url` runs against a server already running instead.
+`run_suite` places each scenario's call over its transport (`voice.evals.lines`), `--parallel`
+at a time and `--repeat` times each, and checks it (`voice.evals.checks`). `serve` starts the
+real server on those agent copies (`hotline serve` in a child process on a free loopback port,
+with SIP on a free port of its own when a scenario calls over SIP), so a test run is one
+command; `hotline test --url` runs against a server already running instead.
 """
 
 from __future__ import annotations
@@ -24,16 +25,28 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from websockets.exceptions import WebSocketException
 
-from pipeline.llm.settings import LLMSettings
 from pipeline.transport import PCM
 from voice.agents.directory import AgentDirectory, load_agents
-from voice.devtools.phone_caller import twilio_sid
-from voice.evals.calls import call_record, place_call, turn_audio
+from voice.evals.call_control import CallControlApi
+from voice.evals.calls import call_record, turn_audio
 from voice.evals.checks import Outcome, call_scope, check, latency, turn_scopes
 from voice.evals.judge import judge
+from voice.evals.lines import Target, place_call
 from voice.evals.mocks import MockTools, prepare_agents
 from voice.evals.scenario import Scenario
+
+__all__ = [
+    "Attempt",
+    "Prepared",
+    "Target",
+    "prepare",
+    "run_scenario",
+    "run_suite",
+    "serve",
+    "workdir",
+]
 
 START_TIMEOUT_S = 180.0
 
@@ -46,13 +59,36 @@ class Prepared:
     agents_dir: Path  # the copies the server loads
     mocks: MockTools
     secret: str
+    sip_port: int | None = None  # a scenario calls over SIP: the port a server of the run's takes
+    call_control: CallControlApi | None = None  # a Telnyx or Vonage scenario: their API, faked
 
     def server_env(self) -> dict[str, str]:
-        """The environment that points a `hotline serve` at the copies and the mocks."""
-        return {
+        """The environment that points a `hotline serve` at the copies and the mocks (and, for
+        SIP scenarios, has it take SIP calls from loopback on `sip_port`)."""
+        env = {
             "HOTLINE_AGENTS__DIR": str(self.agents_dir),
             "HOTLINE_AGENTS__SIGNING_SECRET": self.secret,
         }
+        if self.sip_port is not None:
+            env["HOTLINE_SIP__ENABLED"] = "true"
+            env["HOTLINE_SIP__HOST"] = "127.0.0.1"
+            env["HOTLINE_SIP__PORT"] = str(self.sip_port)
+            env["HOTLINE_SIP__ALLOW"] = '["127.0.0.0/8", "::1/128"]'
+        if self.call_control is not None:
+            env.update(self.call_control.server_env())
+        return env
+
+    def target(self, url: str) -> Target:
+        """The run's own server at `url`, with SIP and call control where this run set them up."""
+        target = Target(url, sip_port=self.sip_port) if self.sip_port else Target(url)
+        target.call_control = self.call_control
+        return target
+
+    def close(self) -> None:
+        """Stop the run's endpoints (the mocks, the call control)."""
+        self.mocks.close()
+        if self.call_control is not None:
+            self.call_control.close()
 
 
 def prepare(
@@ -70,17 +106,10 @@ def prepare(
     except Exception:
         mocks.close()
         raise
-    return Prepared(agents, copies, mocks, secret)
-
-
-@dataclass
-class Target:
-    """The server the calls go to."""
-
-    url: str
-    token: str | None = None
-    twilio_auth_token: str | None = None
-    judge: LLMSettings | None = None
+    own = not lookup_only  # the run starts a server of its own: SIP and call control for it
+    sip = _free_port() if own and any(s.transport == "sip" for s in scenarios) else None
+    providers = own and any(s.transport in ("telnyx", "vonage") for s in scenarios)
+    return Prepared(agents, copies, mocks, secret, sip, CallControlApi() if providers else None)
 
 
 @dataclass
@@ -107,19 +136,23 @@ async def run_scenario(
         known = ", ".join(prepared.agents.names) or "none"
         return failed("the agent exists", f"no agent named {scenario.agent!r} (agents: {known})")
     number = scenario.number or (agent.numbers[0] if agent.numbers else None)
-    if number is None:
+    if number is None and scenario.transport != "webrtc":
         return failed("the agent answers", f"agent {agent.name} has no number: give `number`")
-    call_id = twilio_sid("CA")
-    prepared.mocks.expect_call(call_id, scenario)
     try:
         call = await place_call(
-            target.url, scenario, number, audio, call_id, target.twilio_auth_token
+            target,
+            scenario,
+            number or "",
+            audio,
+            lambda call_id: prepared.mocks.expect_call(call_id, scenario),
         )
         if call.rejected is not None:
             return failed("the call was answered", f"turned away: {call.rejected}")
         record = await call_record(target.url, call.call_id, target.token)
-    except (OSError, httpx.HTTPError, TimeoutError) as exc:
-        return failed("the call was placed", f"{type(exc).__name__}: {exc}")
+    except (OSError, httpx.HTTPError, WebSocketException, TimeoutError) as exc:
+        return failed(
+            f"the call was placed over {scenario.transport}", f"{type(exc).__name__}: {exc}"
+        )
     if record.get("agent") != agent.name:
         answered = f"answered by {record.get('agent')}, not {agent.name}"
         result.outcomes.append(Outcome(scenario.name, None, "the agent answered", "fail", answered))
@@ -163,9 +196,17 @@ def _audio(scenario: Scenario) -> list[PCM | None]:
 
 
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    """A loopback port free for TCP and for UDP (SIP takes both)."""
+    for _ in range(100):
+        with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            tcp.bind(("127.0.0.1", 0))
+            port = int(tcp.getsockname()[1])
+            try:
+                udp.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no loopback port free for both TCP and UDP")
 
 
 @contextlib.contextmanager
@@ -173,6 +214,8 @@ def serve(prepared: Prepared, log_path: Path) -> Iterator[str]:
     """`hotline serve` on the agent copies, on a free loopback port, until the block ends; its
     base URL. Its log goes to `log_path` (shown when it does not start)."""
     port = _free_port()
+    while port == prepared.sip_port:
+        port = _free_port()
     env = {**os.environ, **prepared.server_env(), "PYTHONUNBUFFERED": "1"}
     env.setdefault("HOTLINE_WARM_UP", "false")
     argv = [sys.executable, "-m", "voice", "serve", "--port", str(port), "--host", "127.0.0.1"]

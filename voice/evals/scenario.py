@@ -3,6 +3,7 @@
 One YAML file a scenario, kept beside the agents (``deploy/agents/tests/*.yaml``)::
 
     agent: order-status                # the agent file's name; the call goes to its first number
+    transport: sip                     # optional: twilio (default), telnyx, vonage, sip, webrtc
     caller: "+15555550123"             # optional: the caller's number
     mocks:                             # optional: a tool's answer, fixed (no order system needed)
       order_status: {answer: {order: "12345678", status: shipped}}
@@ -26,7 +27,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Self, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Self, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -42,6 +43,9 @@ from pydantic import (
 from voice.agents.directory import _UniqueKeyLoader, _yaml_problem, field_path
 
 _KEYS = re.compile(r"^[0-9*#]{1,32}$")
+
+Transport = Literal["twilio", "telnyx", "vonage", "sip", "webrtc"]
+TRANSPORTS: tuple[Transport, ...] = ("twilio", "telnyx", "vonage", "sip", "webrtc")
 
 
 class _Strict(BaseModel):
@@ -129,6 +133,7 @@ class Scenario(_Strict):
     name: str = ""  # default: the file's stem
     caller: str | None = Field(default=None, pattern=r"^\+[0-9]{8,15}$")
     number: str | None = None  # the number called; default: the agent's first number
+    transport: Transport = "twilio"  # how the call is placed (`hotline test --transport` overrides)
     strict: bool = False  # a reply heard after its budget fails the scenario (else a warning)
     mocks: dict[str, Mock] = Field(default_factory=dict)
     turns: list[Turn] = Field(min_length=1, max_length=20)
@@ -154,11 +159,13 @@ def scenario_files(where: Path) -> list[Path]:
     return sorted(p for p in where.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
 
 
-def load_scenarios(where: Path) -> list[Scenario]:
-    """Every scenario in `where` (a directory or one file); `ScenarioFileError` lists every
-    problem of every file."""
+def load_scenarios(where: Path, transport: Transport | None = None) -> list[Scenario]:
+    """Every scenario in `where` (a directory or one file), each placed over `transport` when
+    given (else its own); `ScenarioFileError` lists every problem of every file."""
     problems: list[str] = []
-    scenarios = [s for p in scenario_files(where) if (s := _load(p, problems)) is not None]
+    scenarios = [
+        s for p in scenario_files(where) if (s := _load(p, problems, transport)) is not None
+    ]
     if not problems and not scenarios:
         problems.append(f"{where}: no scenario files (*.yaml)")
     names: dict[str, Path] = {}
@@ -173,7 +180,7 @@ def load_scenarios(where: Path) -> list[Scenario]:
     return scenarios
 
 
-def _load(path: Path, problems: list[str]) -> Scenario | None:
+def _load(path: Path, problems: list[str], transport: Transport | None) -> Scenario | None:
     try:
         data = yaml.load(path.read_text("utf-8"), Loader=_UniqueKeyLoader)
     except (OSError, UnicodeDecodeError) as exc:
@@ -194,9 +201,14 @@ def _load(path: Path, problems: list[str]) -> Scenario | None:
     except ValidationError as exc:
         problems.extend(f"{path}: {line}" for line in _validation_problems(exc))
         return None
+    if transport is not None:
+        scenario = scenario.model_copy(update={"transport": transport})
     for i, turn in enumerate(scenario.turns):
         if turn.wav is not None and not (path.parent / turn.wav).is_file():
             problems.append(f"{path}: turns[{i}].wav: no such file {path.parent / turn.wav}")
+        if turn.keys is not None and scenario.transport == "webrtc":
+            given = "--transport webrtc" if transport is not None else "transport: webrtc"
+            problems.append(f"{path}: turns[{i}].keys: a WebRTC call has no keypad ({given})")
     return scenario
 
 
