@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import logging
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from voice.agents.transfer import CallControlSettings
-from voice.outbound.placed import DialError, PlacedCall
+from voice.outbound.placed import DialError, PlacedCall, Provider, placed, post_create
 
 log = logging.getLogger(__name__)
+
+TELNYX = Provider("telnyx", "Telnyx")
 
 
 class TelnyxCalls:
@@ -61,40 +62,23 @@ class TelnyxCalls:
             "stream_bidirectional_codec": "PCMU",
         }
         what = f"telnyx call to {to}"
-        try:
-            response = await self._client.post(
-                url,
-                json=body,
-                headers={"Authorization": f"Bearer {key}", "Accept": "application/json"},
-                timeout=self.settings.timeout_s,
-            )
-        except httpx.TimeoutException as exc:
-            raise DialError(
-                f"{what}: Telnyx did not answer within {self.settings.timeout_s:g} s "
-                f"({type(exc).__name__}); the call may or may not have been placed",
-                provider="telnyx",
-            ) from None
-        except httpx.TransportError as exc:
-            host = urlsplit(url).netloc
-            message = f"{what}: cannot reach Telnyx at {host} ({type(exc).__name__}: {exc})"
-            raise DialError(message.replace(key, "[redacted]"), provider="telnyx") from None
+        response = await post_create(
+            self._client,
+            TELNYX,
+            what,
+            url,
+            key,
+            self.settings.timeout_s,
+            json=body,
+            headers={"Authorization": f"Bearer {key}", "Accept": "application/json"},
+        )
         if not response.is_success:
             raise _refusal(what, response, key)
-        return _placed(what, response)
+        return placed(TELNYX, what, response, _call_control_id, "a call_control_id")
 
 
-def _placed(what: str, response: httpx.Response) -> PlacedCall:
-    try:
-        data = response.json()["data"]
-        call_id = str(data["call_control_id"])
-    except (ValueError, KeyError, TypeError):
-        raise DialError(
-            f"{what}: Telnyx answered HTTP {response.status_code} without a call_control_id",
-            provider="telnyx",
-            status=response.status_code,
-        ) from None
-    log.info("%s: placed, call %s", what, call_id)
-    return PlacedCall("telnyx", call_id, "queued")
+def _call_control_id(data: Any) -> tuple[str, str]:
+    return str(data["data"]["call_control_id"]), "queued"
 
 
 def _refusal(what: str, response: httpx.Response, key: str) -> DialError:

@@ -15,16 +15,18 @@ never logged nor put in an error's message.
 from __future__ import annotations
 
 import logging
-from urllib.parse import quote, urlsplit
+from typing import Any
+from urllib.parse import quote
 
 import httpx
 from pydantic import SecretStr
 
 from voice.agents.transfer import CallControlSettings
-from voice.outbound.placed import DialError, PlacedCall
+from voice.outbound.placed import DialError, PlacedCall, Provider, placed, post_create, redact
 
 log = logging.getLogger(__name__)
 
+TWILIO = Provider("twilio", "Twilio")
 TWIML_CHARS = 4000  # Twilio's limit on the Twiml parameter
 _ERROR_TEXT_CHARS = 300
 
@@ -70,41 +72,24 @@ class TwilioCalls:
         if status_callback:
             form["StatusCallback"] = status_callback
         what = f"twilio call to {to}"
-        try:
-            response = await self._client.post(
-                url,
-                data=form,
-                auth=(sid, secret),
-                headers={"Accept": "application/json"},
-                timeout=self.settings.timeout_s,
-            )
-        except httpx.TimeoutException as exc:
-            raise DialError(
-                f"{what}: Twilio did not answer within {self.settings.timeout_s:g} s "
-                f"({type(exc).__name__}); the call may or may not have been placed",
-                provider="twilio",
-            ) from None
-        except httpx.TransportError as exc:
-            host = urlsplit(url).netloc
-            message = f"{what}: cannot reach Twilio at {host} ({type(exc).__name__}: {exc})"
-            raise DialError(_redact(message, secret), provider="twilio") from None
+        response = await post_create(
+            self._client,
+            TWILIO,
+            what,
+            url,
+            secret,
+            self.settings.timeout_s,
+            data=form,
+            auth=(sid, secret),
+            headers={"Accept": "application/json"},
+        )
         if not response.is_success:
             raise _refusal(what, response, secret)
-        return _placed(what, response)
+        return placed(TWILIO, what, response, _sid_and_status, "a call sid")
 
 
-def _placed(what: str, response: httpx.Response) -> PlacedCall:
-    try:
-        data = response.json()
-        sid, status = str(data["sid"]), str(data.get("status") or "queued")
-    except (ValueError, KeyError, TypeError):
-        raise DialError(
-            f"{what}: Twilio answered HTTP {response.status_code} without a call sid",
-            provider="twilio",
-            status=response.status_code,
-        ) from None
-    log.info("%s: placed, call %s %s", what, sid, status)
-    return PlacedCall("twilio", sid, status)
+def _sid_and_status(data: Any) -> tuple[str, str]:
+    return str(data["sid"]), str(data.get("status") or "queued")
 
 
 def _refusal(what: str, response: httpx.Response, secret: str) -> DialError:
@@ -120,10 +105,6 @@ def _refusal(what: str, response: httpx.Response, secret: str) -> DialError:
     else:
         said = " ".join(response.text.split())[:_ERROR_TEXT_CHARS] or response.reason_phrase
     coded = f", code {code}" if code is not None else ""
-    message = _redact(f"{what}: Twilio refused it (HTTP {status}{coded}): {said}", secret)
+    message = redact(f"{what}: Twilio refused it (HTTP {status}{coded}): {said}", secret)
     log.warning("%s", message)
     return DialError(message, provider="twilio", status=status, code=code)
-
-
-def _redact(text: str, secret: str) -> str:
-    return text.replace(secret, "[redacted]") if secret else text

@@ -21,15 +21,15 @@ from __future__ import annotations
 
 import logging
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from voice.agents.transfer import CallControl, CallControlError
-from voice.outbound.placed import DialError, PlacedCall
+from voice.outbound.placed import DialError, PlacedCall, Provider, placed, post_create
 
 log = logging.getLogger(__name__)
 
+VONAGE = Provider("vonage", "Vonage")
 CONTENT_TYPE = "audio/l16;rate=16000"  # what VonageProtocol speaks
 
 
@@ -67,41 +67,23 @@ class VonageCalls:
             "ncco": [{"action": "connect", "endpoint": [{**endpoint, "headers": headers}]}],
         }
         url = f"{self.control.settings.vonage_api_url.rstrip('/')}/v1/calls"
-        timeout_s = self.control.settings.timeout_s
-        try:
-            response = await self._client.post(
-                url,
-                json=body,
-                headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
-                timeout=timeout_s,
-            )
-        except httpx.TimeoutException as exc:
-            raise DialError(
-                f"{what}: Vonage did not answer within {timeout_s:g} s ({type(exc).__name__}); "
-                "the call may or may not have been placed",
-                provider="vonage",
-            ) from None
-        except httpx.TransportError as exc:
-            host = urlsplit(url).netloc
-            message = f"{what}: cannot reach Vonage at {host} ({type(exc).__name__}: {exc})"
-            raise DialError(message.replace(token, "[redacted]"), provider="vonage") from None
+        response = await post_create(
+            self._client,
+            VONAGE,
+            what,
+            url,
+            token,
+            self.control.settings.timeout_s,
+            json=body,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+        )
         if not response.is_success:
             raise _refusal(what, response, token)
-        return _placed(what, response)
+        return placed(VONAGE, what, response, _uuid_and_status, "a call uuid")
 
 
-def _placed(what: str, response: httpx.Response) -> PlacedCall:
-    try:
-        data = response.json()
-        call_id, status = str(data["uuid"]), str(data.get("status") or "started")
-    except (ValueError, KeyError, TypeError):
-        raise DialError(
-            f"{what}: Vonage answered HTTP {response.status_code} without a call uuid",
-            provider="vonage",
-            status=response.status_code,
-        ) from None
-    log.info("%s: placed, call %s %s", what, call_id, status)
-    return PlacedCall("vonage", call_id, status)
+def _uuid_and_status(data: Any) -> tuple[str, str]:
+    return str(data["uuid"]), str(data.get("status") or "started")
 
 
 def _refusal(what: str, response: httpx.Response, token: str) -> DialError:
