@@ -95,7 +95,7 @@ def call_command(
     from its turn records (milliseconds since the end of speech, as the server detected it).
     Phone calls come from --from (+15555550100) to --to (+15555550199, unless given).
     """
-    from voice.audio import read_wav, write_wav
+    from voice.audio import read_wav
     from voice.server.urls import http_url
 
     setup_logging(log_level)
@@ -111,9 +111,18 @@ def call_command(
         url = http_url(twilio).split("/twilio/")[0]
     wait = OPENING_START_S if wait_greeting else None
     line = _Line(url, token, provider, twilio or sip, to, from_, wait)
+    _place_calls(line, utterances, dtmf, auth_token, out, repeat)
+
+
+def _place_calls(
+    line: _Line, utterances: list[PCM], dtmf: str, auth_token: str | None, out: Path, repeat: int
+) -> None:
+    """Place the call `repeat` times: each call's ending and turn table, then the medians."""
+    from voice.audio import write_wav
+
     measured: dict[int, dict[str, list[float]]] = {}
     for attempt in range(repeat):
-        with one_line_errors(url):
+        with one_line_errors(line.url):
             result, detail = asyncio.run(line.call(utterances, dtmf, auth_token))
         write_wav(out, result.reply_audio)
         console.print(f"[bold]call {result.call_id}[/] ({attempt + 1}/{repeat}), reply: {out}")

@@ -28,6 +28,7 @@ from voice.cli.client import auth_headers
 from voice.devtools.turns import (
     FRAME_S,
     OPENING_WAIT_S,
+    CallerTurn,
     Line,
     first_audible_after,
     silent_for_after,
@@ -62,18 +63,12 @@ def turn_audio(turn: Turn, base: Path) -> PCM | None:
 
 
 @dataclass
-class HeardTurn:
-    """One scripted turn as the caller lived it."""
+class HeardTurn(CallerTurn):
+    """One scripted turn as the caller lived it (`CallerTurn`'s times; `onset` is the first
+    voiced frame sent, or the first key), and when it began on the wall clock (to find its
+    records in the call record)."""
 
-    began_at: float  # wall clock (time.time()) when the caller began it
-    speech_end: float  # monotonic: end of the caller's speech (or the last key)
-    reply_start: float | None = None  # monotonic: the first reply audio heard after it
-
-    @property
-    def voice_to_voice_ms(self) -> float | None:
-        if self.reply_start is None:
-            return None
-        return round((self.reply_start - self.speech_end) * 1e3, 1)
+    began_at: float = 0.0  # wall clock (time.time()) when the caller began it
 
 
 @dataclass
@@ -99,14 +94,15 @@ async def play(
     if opened is not None:
         await line.hear(silent_for_after(opened, QUIET_S), OPENING_WAIT_S)
     for pcm, digits in zip(audio, keys, strict=True):
-        began = time.time()
+        began, pressed_at = time.time(), time.monotonic()
         if pcm is not None:
             sent = await line.say(pcm)
-            speech_end = sent[voiced_span(pcm)[1]] + FRAME_S
+            first, last = voiced_span(pcm)
+            onset, speech_end = sent[first], sent[last] + FRAME_S
         else:
             await line.press(digits)
-            speech_end = time.monotonic()
-        turn = HeardTurn(began, speech_end)
+            onset, speech_end = pressed_at, time.monotonic()
+        turn = HeardTurn(onset, speech_end, began_at=began)
         out.append(turn)
         turn.reply_start = await line.hear(first_audible_after(speech_end), REPLY_TIMEOUT_S)
         if turn.reply_start is None:
