@@ -104,6 +104,47 @@ async def test_each_sentence_goes_out_whole_and_opens_with_its_own_audio() -> No
     await stream.close()
 
 
+class TimedSocket(RecordingSocket):
+    """Keeps when each message went, as well."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    async def send_text(self, message: str) -> None:
+        self.times.append(time.monotonic())
+        await super().send_text(message)
+
+
+def test_reply_audio_is_paced_never_more_than_the_lead_and_a_frame_ahead() -> None:
+    """On the server's event loop (uvloop, whose timers fire up to a millisecond early): the
+    first frames go at once, up to the lead; then each frame no earlier than `lead_s` and one
+    frame before it plays, and every frame goes."""
+    import uvloop
+
+    lead_s, frame_s = 0.1, 0.02
+
+    async def play() -> list[float]:
+        protocol = TwilioProtocol()
+        protocol.stream_sid = "MZ1"
+        start = Start(call_id="CA1", stream_id="MZ1", caller=None, callee=None)
+        socket = TimedSocket()
+        stream = PhoneStream("CA1", cast(WebSocket, socket), protocol, start, lead_s=lead_s)
+        end = stream.play(tone(1000))
+        async with asyncio.timeout(10):
+            await stream.wait_sent(end)
+        await stream.close()
+        kinds = [json.loads(m)["event"] for m in socket.sent]
+        return [t for t, kind in zip(socket.times, kinds, strict=True) if kind == "media"]
+
+    times = uvloop.run(play())
+    assert len(times) == 50
+    first = times[0]
+    for index, sent in enumerate(times):
+        plays_at = first + index * frame_s
+        assert sent >= plays_at - lead_s - frame_s - 0.002, index
+
+
 # -- over a real socket ------------------------------------------------------------------------
 
 PING_S = 4.0  # the server's websocket ping interval, and its pong timeout

@@ -3,10 +3,10 @@ wire protocol.
 
 The protocol module turns websocket messages into events and back; this module owns the
 socket, resampling (a `soxr` stream for the caller's audio, each reply sentence whole, so that
-none of it waits for the next), real-time pacing of reply audio (never more than `lead_s` ahead
-of playback, so that a `clear` silences the phone at once) and the played position: a mark
-every 200 ms of reply audio and after each sentence, echoed by the provider when the phone has
-played it, says how much of the reply the caller heard.
+none of it waits for the next), real-time pacing of reply audio (never more than `lead_s` and a
+frame ahead of playback, so that a `clear` silences the phone at once) and the played position:
+a mark every 200 ms of reply audio and after each sentence, echoed by the provider when the phone
+has played it, says how much of the reply the caller heard.
 
 `pause()` (the caller spoke: perhaps only "mm-hm") sends the provider a `clear`, so the phone
 goes quiet at once, and puts every frame not known to be played (sent after the last echoed
@@ -73,6 +73,11 @@ SEND_TIMEOUT_S = 5.0
 # (what the caller heard, where a paused reply resumes) is known to within that, not only at
 # sentence ends. Twilio echoes each one as the phone plays it: five small messages a second.
 MARK_EVERY_FRAMES = 10
+# A frame may go out this much before it is due, and the pacing loop wakes half of it early: a
+# timer that fires early (uvloop's round down to the millisecond and keep the loop's cached
+# time) still sends its frame. Re-sleeping the rest of the millisecond spun the loop about 20
+# times per frame: most of the event loop's work on a call.
+_SEND_EARLY_S = _FRAME_S
 
 
 async def _send(websocket: WebSocket, message: str | bytes) -> None:
@@ -309,8 +314,8 @@ class PhoneStream:
                 if now > self._burst_start + self._burst_frames * _FRAME_S:
                     self._burst_start, self._burst_frames = now, 0  # the phone went idle
                 due = self._burst_start + self._burst_frames * _FRAME_S - self.lead_s
-                if due > now:
-                    await asyncio.sleep(due - now)
+                if due > now + _SEND_EARLY_S:
+                    await asyncio.sleep(due - now - _SEND_EARLY_S / 2)
                     continue  # the outbox may have been cleared meanwhile
                 self._outbox.popleft()
                 self._in_flight.append(item)  # before the send: a pause meanwhile resends it
