@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -291,3 +293,22 @@ async def test_a_silent_provider_times_out_as_llm_error(sim: Sim) -> None:
 def test_a_base_url_is_required() -> None:
     with pytest.raises(ValueError, match="HOTLINE_LLM__BASE_URL"):
         LLMClient(LLMSettings())
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_the_sdk_resources_a_reply_needs_are_loaded_when_the_client_is_made(api: Api) -> None:
+    """Not on the event loop during the first caller's first turn (a fresh interpreter: this
+    process may have imported them already)."""
+    module = {
+        "chat": "openai.resources.chat.completions",
+        "responses": "openai.resources.responses",
+    }
+    code = (
+        "import sys\n"
+        "from pipeline.llm.client import LLMClient\n"
+        "from pipeline.llm.settings import LLMSettings\n"
+        f"assert {module[api]!r} not in sys.modules\n"
+        f"LLMClient(LLMSettings(api={api!r}), base_url='http://127.0.0.1:9/v1')\n"
+        f"assert {module[api]!r} in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
