@@ -53,7 +53,7 @@ from pipeline.replies import (
     turn_history,
     unanswered_record,
 )
-from pipeline.scheduling import Urgency
+from pipeline.scheduling import Urgency, urgent_in
 from pipeline.sentences import SentenceSettings, SentenceSplitter
 from pipeline.services import LanguageModel, ReplyStream, SpeechRecognizer, SpeechSynthesizer
 from pipeline.speculation import Discarded, Gate, Speculation, Unanswered
@@ -605,7 +605,11 @@ class Conversation:
         if len(spoken) >= ahead:  # PlaybackCleared if the reply is cleared meanwhile
             await self.transport.wait_played(spoken[-ahead].end)
         clock.mark("first_sentence")
-        audio = await self.tts.synthesize(sentence, urgent=not spoken)
+        urgency = self._synthesis_urgency(spoken)
+        try:
+            audio = await self.tts.synthesize(sentence, urgency)
+        finally:
+            urgency.settle()
         clock.mark("tts_first_chunk")
         if not spoken:
             audio = trim_leading_silence(audio, self.tts.sample_rate)
@@ -622,6 +626,14 @@ class Conversation:
         if len(spoken) == 1:
             return [asyncio.create_task(self._watch_first_audio(start, clock))]
         return []
+
+    def _synthesis_urgency(self, spoken: list[Spoken]) -> Urgency:
+        """A reply's first chunk is urgent (its caller is waiting); a later sentence becomes
+        urgent once the audio queued before it has less than `urgent_before_s` left to play."""
+        if not spoken:
+            return Urgency(True)
+        left = (self.transport.queued_samples - self.transport.played_samples) / SAMPLE_RATE
+        return urgent_in(left - self.settings.urgent_before_s)
 
     async def _watch_first_audio(self, start: int, clock: TurnClock) -> None:
         with contextlib.suppress(PlaybackCleared):

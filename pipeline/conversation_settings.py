@@ -23,6 +23,9 @@ class ConversationSettings(BaseModel):
     # before it has played, so a long reply (or a caller who stops listening) costs neither
     # memory nor TTS time ahead of the ear.
     sentences_ahead: int = Field(default=2, ge=1)
+    # A later sentence waits behind other calls' first chunks for the synthesis line until the
+    # audio before it has this long left to play; then it goes ahead of the ones that came after.
+    urgent_before_s: float = Field(default=1.0, ge=0.0)
     # Start the reply at the caller's pause (LLM request, first chunk synthesised), and speak
     # it the moment the turn ends there (pipeline/speculation.py). Off: reply at the endpoint.
     speculate: bool = True

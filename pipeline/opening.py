@@ -28,6 +28,7 @@ import numpy.typing as npt
 from pipeline.llm.client import ChatMessage
 from pipeline.records import TurnClock
 from pipeline.replies import Spoken, heard_text
+from pipeline.scheduling import Urgency
 from pipeline.sentences import SentenceSettings, SentenceSplitter
 from pipeline.services import SpeechSynthesizer
 from pipeline.speculation import Gate
@@ -172,7 +173,7 @@ class NoticeVoice:
     def sample_rate(self) -> int:
         return self._tts.sample_rate
 
-    async def synthesize(self, text: str, urgent: bool = False) -> npt.NDArray[np.int16]:
+    async def synthesize(self, text: str, urgent: bool | Urgency = False) -> npt.NDArray[np.int16]:
         if text not in self._sentences:
             return await self._tts.synthesize(text, urgent)
         audio = self._audio.get(text)

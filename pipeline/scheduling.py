@@ -9,7 +9,10 @@ runs; one already running finishes on its thread and keeps its slot until it doe
 
 A job may become urgent while it waits: a transcription started speculatively at the caller's
 pause is urgent once the turn really ended there. Such a job carries an `Urgency` that the
-caller promotes; the line is a short list (one entry per waiting call), searched at each start.
+caller promotes, or that promotes itself at a time (`urgent_in`: a reply's later sentence
+once the audio ahead of it is about to run out, so that it does not wait behind other calls'
+first chunks until its own caller hears a gap); the line is a short list (one entry per waiting
+call), searched at each start.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import asyncio
 import itertools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -29,9 +32,27 @@ class Urgency:
     """A waiting job's rank, which its owner may raise while it waits."""
 
     urgent: bool = False
+    _timer: asyncio.TimerHandle | None = field(default=None, repr=False, compare=False)
 
     def promote(self) -> None:
         self.urgent = True
+
+    def settle(self) -> None:
+        """The job is done (or no longer wanted): no promotion is due any more."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def urgent_in(seconds: float) -> Urgency:
+    """A rank that turns urgent in `seconds` (at once if that is not in the future): a job
+    whose result is needed by a known time, such as a reply's next sentence, needed when the
+    audio queued before it runs out. Call `settle()` once the job is done."""
+    if seconds <= 0:
+        return Urgency(True)
+    urgency = Urgency()
+    urgency._timer = asyncio.get_running_loop().call_later(seconds, urgency.promote)
+    return urgency
 
 
 class UrgentFirst:

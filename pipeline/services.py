@@ -33,7 +33,9 @@ class SpeechSynthesizer(Protocol):
     @property
     def sample_rate(self) -> int: ...
 
-    async def synthesize(self, text: str, urgent: bool = False) -> npt.NDArray[np.int16]: ...
+    async def synthesize(
+        self, text: str, urgent: bool | Urgency = False
+    ) -> npt.NDArray[np.int16]: ...
 
 
 class ReplyStream(Protocol):

@@ -12,7 +12,12 @@ two syntheses share the cores, each with all of them, was up to twice as slow. T
 is off so an idle voice leaves the cores to speech recognition. A synthesis still waiting in
 line when its caller is cancelled (barge-in) never runs; one already running finishes and its
 audio is dropped. A reply's first chunk waits ahead of later sentences (`urgent`): with eight
-callers answered at once, the later sentences have seconds of slack, the first none.
+callers answered at once, the later sentences have seconds of slack, the first none; a later
+sentence goes ahead too once the audio before it is about to run out (pipeline/scheduling.py).
+
+Two syntheses at once, each on one thread (`threads=1, parallel=2`) did better under load
+(README "Latency under load") but each long sentence being synthesized holds 180-250 MB of
+onnxruntime's intermediate tensors: 200 MB more at the peak with 24 calls.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from piper.config import PiperConfig, SynthesisConfig
 from piper.voice import PiperVoice
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.scheduling import UrgentFirst
+from pipeline.scheduling import Urgency, UrgentFirst
 
 BUNDLED_VOICE = "en_US-joe-medium"
 AUDIBLE = 328  # |sample| from which audio is not silence (-40 dBFS)
@@ -135,7 +140,7 @@ class TextToSpeech:
         """The synthesis threads' line."""
         return self._workers
 
-    async def synthesize(self, text: str, urgent: bool = False) -> npt.NDArray[np.int16]:
+    async def synthesize(self, text: str, urgent: bool | Urgency = False) -> npt.NDArray[np.int16]:
         """`text` spoken, int16 mono at `sample_rate`; runs in the voice's worker thread.
         `urgent` (a reply's first chunk, which its caller is waiting for) goes ahead of the
         sentences that will only play after another has finished."""

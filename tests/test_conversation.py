@@ -19,6 +19,7 @@ from pipeline.llm.client import ChatMessage
 from pipeline.llm.errors import LLMError
 from pipeline.records import TurnRecord
 from pipeline.replies import heard_text
+from pipeline.scheduling import Urgency
 from pipeline.transport import (
     PCM,
     SAMPLE_RATE,
@@ -129,7 +130,7 @@ async def test_synthesis_follows_playback_at_most_two_sentences_ahead() -> None:
     backlog: list[int] = []  # reply samples queued but not yet played, at each synthesis
 
     class WatchedTTS(ToneTTS):
-        async def synthesize(self, text: str, urgent: bool = False) -> PCM:
+        async def synthesize(self, text: str, urgent: bool | Urgency = False) -> PCM:
             backlog.append(line.queued_samples - line.played_samples)
             return await super().synthesize(text, urgent)
 

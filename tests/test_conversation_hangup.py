@@ -59,7 +59,7 @@ class SlowTTS(ToneTTS):
         self.started = asyncio.Event()
         self.started_at = 0.0
 
-    async def synthesize(self, text: str, urgent: bool = False) -> PCM:
+    async def synthesize(self, text: str, urgent: bool | Urgency = False) -> PCM:
         if not self.started.is_set():
             self.started_at = time.monotonic()
         self.started.set()

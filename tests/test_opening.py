@@ -13,6 +13,7 @@ from pipeline.conversation import Conversation
 from pipeline.conversation_settings import ConversationSettings
 from pipeline.opening import OPERATOR, Notice, NoticeVoice
 from pipeline.replies import Spoken
+from pipeline.scheduling import Urgency
 from pipeline.speculation import Gate
 from pipeline.transport import HangUp, InboundEvent
 from tests.support.conversation import PhoneLine, ScriptedLLM, ScriptedSTT, ToneTTS, speak
@@ -168,7 +169,7 @@ class CountingTTS(ToneTTS):
     def __init__(self) -> None:
         self.texts: list[str] = []
 
-    async def synthesize(self, text: str, urgent: bool = False) -> np.ndarray:
+    async def synthesize(self, text: str, urgent: bool | Urgency = False) -> np.ndarray:
         self.texts.append(text)
         return await super().synthesize(text, urgent)
 

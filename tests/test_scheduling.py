@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from pipeline.scheduling import Urgency, UrgentFirst
+from pipeline.scheduling import Urgency, UrgentFirst, urgent_in
 
 
 class Jobs:
@@ -84,3 +84,35 @@ async def test_a_waiting_job_promoted_to_urgent_goes_ahead() -> None:
     jobs.release.set()
     assert await asyncio.gather(first, *queued) == ["first", "other", "early"]
     assert jobs.ran == ["first", "early", "other"]
+
+
+async def test_a_job_needed_by_a_time_goes_ahead_of_urgent_ones_that_came_after_it_then() -> None:
+    """A reply's later sentence (needed when the audio before it runs out) waits behind other
+    calls' first chunks until its time comes, then goes ahead of those that came after it."""
+    pool, jobs = UrgentFirst(1, "test"), Jobs()
+    first = asyncio.create_task(pool.run(lambda: jobs.job("first", block=True)))
+    await asyncio.to_thread(jobs.blocking.wait, 10)
+    soon = urgent_in(0.05)
+    later = urgent_in(60.0)
+    queued = [
+        asyncio.create_task(pool.run(lambda: jobs.job("later sentence"), later)),
+        asyncio.create_task(pool.run(lambda: jobs.job("next sentence"), soon)),
+    ]
+    await asyncio.sleep(0)
+    assert not soon.urgent
+    passed = asyncio.Event()  # a timer of the same loop, due just after `soon`'s
+    asyncio.get_running_loop().call_later(0.06, passed.set)
+    await passed.wait()
+    assert soon.urgent and not later.urgent
+    queued.append(asyncio.create_task(pool.run(lambda: jobs.job("first chunk"), urgent=True)))
+    await asyncio.sleep(0)
+    jobs.release.set()
+    await asyncio.gather(first, *queued)
+    assert jobs.ran == ["first", "next sentence", "first chunk", "later sentence"]
+    for urgency in (soon, later):
+        urgency.settle()
+    assert not later.urgent  # settled: its timer will not fire
+
+
+async def test_a_job_already_due_is_urgent_at_once() -> None:
+    assert urgent_in(0.0).urgent and urgent_in(-1.0).urgent

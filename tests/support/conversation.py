@@ -190,7 +190,7 @@ class ToneTTS:
 
     sample_rate = 22_050
 
-    async def synthesize(self, text: str, urgent: bool = False) -> PCM:
+    async def synthesize(self, text: str, urgent: bool | Urgency = False) -> PCM:
         await asyncio.sleep(0.02)
         n = int(0.25 * self.sample_rate) * len(text.split())
         t = np.arange(n) / self.sample_rate
