@@ -1,11 +1,13 @@
 """`hotline test`: the shipped scenarios pass against the example agents, and each kind of
 expectation fails against a deliberately broken copy of them.
 
-One real server (embedded simulator, piper, whisper, SIP on) for the module, on copies of the
-example agents plus two broken ones; the calls go over the emulated Twilio phone, and two
-shipped scenarios once more over SIP and Vonage; the order lookup goes over the real HTTP tool
-path to the runner's signed mock endpoint. All the scenarios run once, together, every call at
-once; the tests read their rows."""
+One real server (embedded simulator, piper, whisper, SIP on, an API token, the testing API's
+tool mocks allowed) for the module, on copies of the example agents plus two broken ones; the
+calls go over the emulated Twilio phone, and two shipped scenarios once more over SIP (UDP, TCP)
+and Vonage; the order lookup goes over the real HTTP tool path to the runner's signed mock
+endpoint. All the scenarios run once, together, four calls at a time, beside one more call
+whose tool mocks are set through the server's testing API (after strangers were refused); the
+tests read their rows."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import shutil
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,9 @@ from tests.support.server import Server, start_server, stop_server
 from voice.agents.http_tools import SIGNATURE_HEADER, sign
 from voice.audio import write_wav
 from voice.cli.main import app
-from voice.evals.calls import turn_audio
+from voice.evals.calls import CallWatch, call_record, turn_audio
 from voice.evals.checks import Outcome
+from voice.evals.lines import Target, place_call
 from voice.evals.mocks import MockTools
 from voice.evals.report import Row, result_text, rows, write_junit
 from voice.evals.runner import Attempt, Prepared, prepare, run_suite
@@ -38,6 +41,9 @@ from voice.evals.scenario import Mock, Scenario, Turn, load_scenarios
 
 DEPLOY_AGENTS = Path(__file__).resolve().parent.parent / "deploy" / "agents"
 SHIPPED = DEPLOY_AGENTS / "tests"
+TOKEN = "evals-api-token-" + "7" * 24  # the module server's HOTLINE_API_TOKEN
+# With an API token, Twilio's webhooks must be signed: the run signs them with this.
+TWILIO = "evals-twilio-auth-" + "5" * 14
 
 
 def _edit(path: Path, into: Path, **changes: Any) -> dict[str, Any]:
@@ -92,11 +98,56 @@ def _broken_scenarios(into: Path) -> None:
     )
 
 
-def _over(into: Path, path: Path, transport: str) -> None:
+def _over(into: Path, path: Path, transport: str, **changes: Any) -> None:
     """The shipped scenario at `path`, placed over `transport` (named `<stem>-<transport>`)."""
     data: dict[str, Any] = yaml.safe_load(path.read_text())
-    data.update(name=f"{path.stem}-{transport}", transport=transport)
+    data.update(name=f"{path.stem}-{transport}", transport=transport, **changes)
     (into / f"{path.stem}-{transport}.yaml").write_text(yaml.safe_dump(data))
+
+
+@dataclass
+class Probe:
+    """A call whose tool mocks were set through the testing API: what each request got, and
+    the server's record of the call."""
+
+    call_id: str = ""
+    statuses: dict[str, int] = field(default_factory=dict)
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+async def _probe_mocks(url: str, prepared: Prepared) -> Probe:
+    """One keypad call to the order line over Twilio; once answered, strangers try to set its
+    mocks (no token, a wrong one), then the token's holder (a tool the agent lacks, a call
+    that does not exist, the real one, once more)."""
+    probe = Probe()
+    body = {"mocks": {"order_status": {"answer": {"order": "11223344", "status": "delivered"}}}}
+
+    class Probing(CallWatch):
+        async def answered(self) -> None:
+            path = f"/calls/{self.call_id}/mocks"
+            tries: dict[str, tuple[str, dict[str, Any], str | None]] = {
+                "no token": (path, body, None),
+                "wrong token": (path, body, TOKEN[:-1] + "8"),
+                "unknown tool": (path, {"mocks": {"order_lookup": {}}}, TOKEN),
+                "unknown call": ("/calls/CA0000/mocks", body, TOKEN),
+                "set": (path, body, TOKEN),
+                "again": (path, body, TOKEN),
+            }
+            async with httpx.AsyncClient(base_url=url) as http:
+                for name, (where, sent, token) in tries.items():
+                    headers = {"Authorization": f"Bearer {token}"} if token else {}
+                    response = await http.put(where, json=sent, headers=headers)
+                    probe.statuses[name] = response.status_code
+            await super().answered()
+
+    async def nothing(call_id: str) -> None:
+        return None
+
+    scenario = Scenario(agent="order-status", name="probe", turns=[Turn(keys="11223344#")])
+    target = Target(url, TOKEN, twilio_auth_token=TWILIO)
+    call = await place_call(target, scenario, "+15559870000", [None], Probing(url, TOKEN, nothing))
+    probe.call_id, probe.record = call.call_id, await call_record(url, call.call_id, TOKEN)
+    return probe
 
 
 @dataclass
@@ -106,6 +157,7 @@ class Run:
     scenarios: list[Scenario]
     table: list[Row]
     agents: Path
+    probe: Probe
 
 
 @pytest.fixture(scope="module")
@@ -118,16 +170,24 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     _broken_scenarios(broken)
     _over(transports, SHIPPED / "receptionist.yaml", "sip")
     _over(transports, SHIPPED / "receptionist.yaml", "vonage")
-    _over(transports, SHIPPED / "order-status-keypad.yaml", "sip")
+    _over(transports, SHIPPED / "order-status-keypad.yaml", "sip", sip_transport="tcp")
     scenarios = load_scenarios(SHIPPED) + load_scenarios(broken) + load_scenarios(transports)
     prepared = prepare(scenarios, agents, base / "work")
     assert prepared.sip_port is not None  # a SIP scenario: the server takes SIP calls
-    server = start_server(prepared.server_env())
+    env = {"HOTLINE_API_TOKEN": TOKEN, "HOTLINE_TELEPHONY__TWILIO_AUTH_TOKEN": TWILIO}
+    env["HOTLINE_TESTING__ALLOW_MOCKS"] = "true"
+    server = start_server({**prepared.server_env(), **env})
     try:
         target = prepared.target(server.url)
-        # Four calls at a time: all eight at once starved the other test workers of CPU.
-        attempts = asyncio.run(run_suite(scenarios, prepared, target, parallel=4))
-        yield Run(server, prepared, scenarios, rows(attempts), agents)
+        target.token, target.twilio_auth_token = TOKEN, TWILIO
+
+        async def calls() -> tuple[list[Attempt], Probe]:
+            # Four calls at a time: all eight at once starved the other test workers of CPU.
+            suite = run_suite(scenarios, prepared, target, parallel=4)
+            return await asyncio.gather(suite, _probe_mocks(server.url, prepared))
+
+        attempts, probe = asyncio.run(calls())
+        yield Run(server, prepared, scenarios, rows(attempts), agents, probe)
     finally:
         prepared.close()
         stop_server(server)
@@ -165,26 +225,26 @@ def test_the_scenarios_pass_over_sip_and_vonage(run: Run) -> None:
     # Keys over SIP (RFC 4733), answered by the mock of the call the server listed as SIP's.
     keyed = [r for r in run.prepared.mocks.requests if r.arguments == {"order_number": "87654321"}]
     assert len(keyed) == 2 and {r.call_id[:2] for r in keyed} != {"CA"}, keyed
+    # The keypad scenario's `sip_transport: tcp` put its SIP on a TCP connection.
+    assert any(" over TCP (+15555550123 to +15559870000" in line for line in run.server.log)
 
 
-def test_keys_over_webrtc_are_refused_naming_file_and_field(tmp_path: Path) -> None:
-    keyed = tmp_path / "keyed.yaml"
-    keyed.write_text("agent: receptionist\ntransport: webrtc\nturns:\n  - keys: '1'\n")
-    result = CliRunner().invoke(app, ["test", str(keyed)])
-    assert result.exit_code == 2
-    assert f"{keyed}: turns[0].keys: a WebRTC call has no keypad (transport: webrtc)" in (
-        result.output
-    )
-
-
-def test_the_transport_option_overrides_every_scenario(tmp_path: Path) -> None:
-    assert {s.transport for s in load_scenarios(SHIPPED, "sip")} == {"sip"}
-    assert {s.transport for s in load_scenarios(SHIPPED)} == {"twilio"}
-    result = CliRunner().invoke(app, ["test", str(SHIPPED), "--transport", "webrtc"])
-    assert result.exit_code == 2
-    keypad = SHIPPED / "order-status-keypad.yaml"
-    expected = f"{keypad}: turns[0].keys: a WebRTC call has no keypad (--transport webrtc)"
-    assert expected in result.output.splitlines(), result.output
+@pytest.mark.slow
+def test_the_testing_api_sets_one_calls_mocks_for_the_token_holder_only(run: Run) -> None:
+    assert run.probe.statuses == {
+        "no token": 401,
+        "wrong token": 401,
+        "unknown tool": 400,
+        "unknown call": 404,
+        "set": 200,
+        "again": 409,  # once a call
+    }
+    records = run.probe.record["records"]
+    tools = [(t["name"], json.loads(t["arguments"])) for r in records for t in r["tools"]]
+    assert tools == [("order_status", {"order_number": "11223344"})], records
+    assert "delivered" in " ".join(r["reply_text"] for r in records), records
+    # The server answered it: the tool's URL (the runner's endpoint) was never asked.
+    assert not [r for r in run.prepared.mocks.requests if r.call_id == run.probe.call_id]
 
 
 @pytest.mark.slow
@@ -256,41 +316,25 @@ def test_the_command_exits_non_zero_on_failure(run: Run, tmp_path: Path) -> None
     scenarios.mkdir()
     shutil.copy(SHIPPED / "receptionist.yaml", scenarios)
     _edit(SHIPPED / "receptionist.yaml", scenarios, agent="receptionist-broken", judge=None)
+    # Mocks against a running server: set on the call through its testing API.
+    (scenarios / "mocked.yaml").write_text(
+        "agent: order-status\n"
+        "mocks: {order_status: {answer: {order: '55667788', status: out for delivery}}}\n"
+        "turns:\n"
+        "  - keys: '55667788#'\n"
+        "    expect: {tool_called: {name: order_status}, reply_contains: [out for delivery]}\n"
+    )
     junit = tmp_path / "junit.xml"
     argv = ["test", str(scenarios), "--url", run.server.url, "--agents", str(run.agents)]
-    result = CliRunner().invoke(app, [*argv, "--parallel", "2", "--junit", str(junit)])
+    argv += ["--token", TOKEN, "--auth-token", TWILIO, "--parallel", "3", "--junit", str(junit)]
+    result = CliRunner().invoke(app, argv)
     assert result.exit_code == 1, result.output
     root = ET.parse(junit).getroot()
     suites = {s.get("name"): s.get("failures") for s in root.iter("testsuite")}
     assert suites["receptionist"] == "0" and suites["receptionist-broken"] != "0", suites
-
-
-def test_a_bad_scenario_file_names_file_and_field(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(
-        "agent: receptionist\n"
-        "turns:\n"
-        "  - say: hello\n"
-        "    expect: {reply_contain: [hi], tool_called: {nam: end_call}}\n"
-        "  - keys: 12a\n"
-        "  - {say: hi, keys: '1'}\n"
-        "  - {say: hi, expect: {reply_matches: '(unclosed'}}\n"
-        "timeout: 3\n"
-    )
-    result = CliRunner().invoke(app, ["test", str(bad)])
-    assert result.exit_code == 2
-    lines = set(result.output.splitlines())
-    assert {
-        f"{bad}: turns[0].expect.reply_contain: unknown field (did you mean 'reply_contains'?)",
-        f"{bad}: turns[0].expect.tool_called[0].nam: unknown field (did you mean 'name'?)",
-        f"{bad}: turns[0].expect.tool_called[0].name: required",
-        f"{bad}: turns[1].keys: keypad digits are 0-9, * and # (at most 32)",
-        f"{bad}: turns[2]: a turn has one of say, wav or keys (this one has ['say', 'keys'])",
-        f"{bad}: timeout: unknown field",
-    } <= lines, result.output
-    assert any(
-        line.startswith(f"{bad}: turns[3].expect.reply_matches: not a regular") for line in lines
-    )
+    assert suites["mocked"] == "0", result.output
+    asked = [r.arguments for r in run.prepared.mocks.requests]
+    assert {"order_number": "55667788"} not in asked  # the server answered it
 
 
 def test_repeats_mark_a_check_that_both_passed_and_failed_flaky() -> None:
@@ -326,10 +370,3 @@ def test_the_mock_endpoint_answers_only_signed_requests_of_its_calls() -> None:
         assert other.status_code == 404 and "no mock for the other tool" in other.text
     finally:
         mocks.close()
-
-
-def test_a_missing_agents_directory_is_an_error(tmp_path: Path) -> None:
-    argv = ["test", str(SHIPPED), "--agents", str(tmp_path / "none")]
-    result = CliRunner().invoke(app, argv)
-    assert result.exit_code == 2
-    assert f"{tmp_path / 'none'}: not a directory of agent files" in result.output

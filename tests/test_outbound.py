@@ -270,7 +270,8 @@ def test_the_api_token_is_required(dialer: Server, apis: OutboundApis) -> None:
         ({"to": "5557654321", "from": OURS, "agent": "survey"}, "to: '5557654321' is not a phone"),
         ({"to": CUSTOMER, "from": OURS, "agent": "nobody"}, "agent: no agent 'nobody'"),
         ({"to": CUSTOMER, "agent": "survey"}, "from: required"),
-        ({"to": CUSTOMER, "from": OURS, "agent": "survey", "transport": "sip"}, "transport:"),
+        ({"to": CUSTOMER, "from": OURS, "agent": "survey", "transport": "fax"}, "transport:"),
+        ({"to": CUSTOMER, "from": OURS, "agent": "survey", "trunk": "pbx"}, "trunk: only with"),
         ({"to": CUSTOMER, "from": OURS, "agent": "survey", "metadata": [1]}, "metadata:"),
     ],
 )

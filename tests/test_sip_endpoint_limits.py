@@ -13,8 +13,6 @@ allow-list and vouched sources are served, everyone else gets 403).
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import logging
 import socket
 import ssl
@@ -24,11 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from voice.evals.prepared import tls_certificate
 from voice.throttle import LogThrottle
 from voice.transports.sip.endpoint import Peer, SipEndpoint
 from voice.transports.sip.limits import SipLimits, Sources
@@ -488,35 +483,10 @@ async def test_an_idle_connection_is_closed_but_not_one_carrying_a_call(serve: S
 
 def _certificate(directory: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     """A server context with a self-signed certificate for 127.0.0.1; a client trusting it."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ALLOWED)])
-    now = datetime.datetime.now(datetime.UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ALLOWED))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    cert, key_file = directory / "cert.pem", directory / "key.pem"
-    cert.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    cert, key_file, client = tls_certificate(directory)
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server.load_cert_chain(cert, key_file)
-    return server, ssl.create_default_context(cafile=str(cert))
+    return server, client
 
 
 @pytest.mark.slow

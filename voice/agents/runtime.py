@@ -4,7 +4,7 @@ start-up and shared by all its calls (a tool keeps no state of its own between c
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import httpx
@@ -18,6 +18,7 @@ from voice.agents.builtin import builtin_tools, warm_summary
 from voice.agents.directory import AgentDirectory
 from voice.agents.http_tools import HttpTool
 from voice.agents.toolbox import CallTool, CallToolbox
+from voice.agents.variables import personalised
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +87,15 @@ class Agents:
         """Each distinct voice the agents speak with (to warm up once)."""
         return list({id(r.tts): r.tts for r in self._ready.values()}.values())
 
-    def named(self, name: str) -> ReadyAgent | None:
-        """The agent called `name` (a file's, or the built-in default's), if there is one."""
-        return self._ready.get(name)
+    def named(self, name: str, metadata: Mapping[str, object] | None = None) -> ReadyAgent | None:
+        """The agent called `name` (a file's, or the built-in default's), if there is one; with
+        a placed call's `metadata`, its words rendered with the call's variables
+        (`voice.agents.variables`)."""
+        ready = self._ready.get(name)
+        if ready is None or metadata is None:
+            return ready
+        agent = personalised(ready.agent, metadata)
+        return ready if agent is ready.agent else replace(ready, agent=agent)
 
     def for_call(self, kind: str, callee: str | None) -> ReadyAgent:
         """The agent a call reaches: the softphone's for WebRTC, else the called number's."""

@@ -13,10 +13,22 @@ from voice.cli.client import DEFAULT_URL, TokenOption, UrlOption, auth_headers, 
 
 
 def dial_command(
-    to: Annotated[str, typer.Option("--to", help="The number to call, E.164 (+15551234567)")],
-    from_: Annotated[str, typer.Option("--from", help="The caller id: your provider's number")],
+    to: Annotated[
+        str,
+        typer.Option("--to", help="The number to call, E.164 (+15551234567); SIP: or a sip: URI"),
+    ],
     agent: Annotated[str, typer.Option(help="The agent that talks (an agent file's name)")],
-    transport: Annotated[str, typer.Option(help="The provider: twilio")] = "twilio",
+    from_: Annotated[
+        str | None,
+        typer.Option("--from", help="The caller id: your provider's number (SIP: the trunk's)"),
+    ] = None,
+    transport: Annotated[str, typer.Option(help="twilio, telnyx, vonage or sip")] = "twilio",
+    trunk: Annotated[
+        str | None, typer.Option(help="SIP: the trunk to call through (default the first)")
+    ] = None,
+    ring_timeout: Annotated[
+        float | None, typer.Option(help="SIP: seconds to ring before giving up (CANCEL)")
+    ] = None,
     metadata: Annotated[
         str | None,
         typer.Option(help="JSON object kept with the call (its record and webhook)"),
@@ -32,7 +44,9 @@ def dial_command(
     token: TokenOption = None,
 ) -> None:
     """Place a call: the provider rings --to from --from, and --agent talks once answered."""
-    body: dict[str, object] = {"to": to, "from": from_, "agent": agent, "transport": transport}
+    body: dict[str, object] = {"to": to, "agent": agent, "transport": transport}
+    optional = {"from": from_, "trunk": trunk, "ring_timeout_s": ring_timeout}
+    body.update({name: value for name, value in optional.items() if value is not None})
     if machine_detection:
         body["machine_detection"] = True
     if voicemail is not None:

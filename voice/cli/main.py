@@ -19,6 +19,7 @@ from rich.console import Console
 from voice.cli.agent_tests import agent_test_command
 from voice.cli.amd_bench import amd_bench_command
 from voice.cli.call import call_command
+from voice.cli.campaign import campaign_app
 from voice.cli.dial import dial_command
 from voice.cli.experiments import experiments_app
 from voice.cli.logs import setup_logging
@@ -187,6 +188,7 @@ app.command("turn-bench")(turn_bench_command)
 app.command("amd-bench")(amd_bench_command)
 app.command("test")(agent_test_command)
 app.add_typer(experiments_app, name="experiments")
+app.add_typer(campaign_app, name="campaign")
 
 
 @app.command()

@@ -67,6 +67,9 @@ class RegisteredCall:
     metadata: dict[str, object] | None = None  # an outbound call's, as its request gave it
     # A placed call with machine detection: who answered {"result", "basis", "ms", "beep_ms"}.
     answered_by: dict[str, object] | None = None
+    # A call placed over SIP: how its INVITE went {"cause", "sip_status", "sip_reason", "trunk",
+    # "progress_ms", "answer_ms", "early_media"} (voice/outbound/sip.py).
+    outcome: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)

@@ -175,11 +175,16 @@ class SipLine:
 
     async def talk(self, conversation: Coroutine[Any, Any, None]) -> None:
         """Run `conversation` until it ends or the server hangs up; then BYE, if the server
-        did not hang up first."""
+        did not hang up first (also when `conversation` failed: its error is raised after)."""
         if self.leg is None or self.result.rejected is not None:
             conversation.close()
             return
-        self.result.server_hung_up = await _talk(self.phone, conversation)
+        try:
+            self.result.server_hung_up = await _talk(self.phone, conversation)
+        except Exception:
+            with contextlib.suppress(OSError, SipParseError):
+                self.result.bye_status = await self.leg.bye()
+            raise
         if not self.result.server_hung_up:
             self.result.bye_status = await self.leg.bye()
 

@@ -54,14 +54,15 @@ class CallControlApi:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def server_env(self) -> dict[str, str]:
-        """The settings that point a server's Telnyx and Vonage call control here."""
+    def server_settings(self) -> dict[str, str]:
+        """The settings (`call_control`'s) that point a server's Telnyx and Vonage call control
+        here."""
         return {
-            "HOTLINE_CALL_CONTROL__TELNYX_API_KEY": self.telnyx_key,
-            "HOTLINE_CALL_CONTROL__TELNYX_API_URL": f"{self.url}/v2",
-            "HOTLINE_CALL_CONTROL__VONAGE_APPLICATION_ID": self.vonage_application,
-            "HOTLINE_CALL_CONTROL__VONAGE_PRIVATE_KEY": self.vonage_pem,
-            "HOTLINE_CALL_CONTROL__VONAGE_API_URL": self.url,
+            "telnyx_api_key": self.telnyx_key,
+            "telnyx_api_url": f"{self.url}/v2",
+            "vonage_application_id": self.vonage_application,
+            "vonage_private_key": self.vonage_pem,
+            "vonage_api_url": self.url,
         }
 
     def transferred_to(self, call_id: str) -> str | None:

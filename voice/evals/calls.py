@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,8 @@ OPENING_START_S = 5.0  # how long the caller waits to hear a greeting before spe
 REPLY_TIMEOUT_S = 30.0  # a turn with no reply heard this long ends the script
 QUIET_S = 0.8  # a reply has finished once the line is quiet this long
 RECORD_WAIT_S = 30.0  # how long the call record may take to say the call ended
+
+Answered = Callable[[str], Awaitable[None]]  # told the server's call id before the first turn
 
 
 def speak(text: str) -> PCM:
@@ -84,15 +86,63 @@ class ScriptedCall:
     server_ended: bool = False  # the server ended the stream (a transfer, a hang-up)
 
 
+class CallWatch:
+    """The server's side of a scripted call, as the script consults it (`GET /calls/{id}`):
+    told when the call runs (`answered`, e.g. to set the call's tool mocks), and asked whether
+    the server has recorded the turn the caller just heard answered. A reply may pause longer
+    than a caller's patience (`QUIET_S`) while a tool runs and the model reads its result; the
+    server writes a turn's record once all of its reply was played, so a caller that waits for
+    it never speaks over, or hangs up on, the rest of the reply."""
+
+    def __init__(self, base_url: str, token: str | None, answered: Answered) -> None:
+        self.base_url, self.token, self._answered = base_url.rstrip("/"), token, answered
+        self.call_id = ""  # set by the line, once known
+        self._recorded = 0  # turn records the server had when last asked
+
+    async def answered(self) -> None:
+        """The call runs on the server (its greeting was heard): before the first turn."""
+        await self._answered(self.call_id)
+        self._recorded = len((await self._record()).get("records") or [])
+
+    async def turn_recorded(self, within_s: float) -> None:
+        """Once the server has recorded another turn (or the call ended; or `within_s` went by:
+        the script goes on, and the checks say what the record lacks)."""
+        deadline = time.monotonic() + within_s
+        while True:
+            record = await self._record()
+            count = len(record.get("records") or [])
+            ended = record.get("state") == "ended" or record.get("ended_at") is not None
+            if count > self._recorded or ended or time.monotonic() > deadline:
+                self._recorded = count
+                return
+            await asyncio.sleep(0.1)  # polled: the server pushes nothing here
+
+    async def _record(self) -> dict[str, Any]:
+        url = f"{self.base_url}/calls/{self.call_id}"
+        async with httpx.AsyncClient(timeout=10, headers=auth_headers(self.token)) as http:
+            response = await http.get(url)
+        if response.status_code == 404:  # not listed yet (or no longer): nothing recorded
+            return {}
+        response.raise_for_status()
+        record: dict[str, Any] = response.json()
+        return record
+
+
 async def play(
-    line: Line, audio: Sequence[PCM | None], keys: Sequence[str], out: list[HeardTurn]
+    line: Line,
+    audio: Sequence[PCM | None],
+    keys: Sequence[str],
+    out: list[HeardTurn],
+    server: CallWatch,
 ) -> None:
     """The scenario's turns over `line` (any transport's): each after the previous reply was
-    heard out (the greeting first), appended to `out` as it begins; stops at a turn that gets
-    no reply."""
+    heard out (the greeting first) and recorded by the server, appended to `out` as it begins;
+    stops at a turn that gets no reply. `server.answered` runs once the greeting was heard,
+    before the first turn."""
     opened = await line.hear(first_audible_after(0.0), OPENING_START_S)
     if opened is not None:
         await line.hear(silent_for_after(opened, QUIET_S), OPENING_WAIT_S)
+    await server.answered()
     for pcm, digits in zip(audio, keys, strict=True):
         began, pressed_at = time.time(), time.monotonic()
         if pcm is not None:
@@ -108,6 +158,9 @@ async def play(
         if turn.reply_start is None:
             return  # no reply (or the call ended): the rest of the script cannot go on
         await line.hear(silent_for_after(turn.reply_start, QUIET_S), REPLY_TIMEOUT_S)
+        await server.turn_recorded(REPLY_TIMEOUT_S)
+        # What the reply said after a pause has been played: heard out once quiet again.
+        await line.hear(silent_for_after(time.monotonic() - QUIET_S, QUIET_S), REPLY_TIMEOUT_S)
 
 
 def keys_of(scenario: Scenario) -> list[str]:

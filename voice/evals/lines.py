@@ -7,14 +7,16 @@ callers of `voice.devtools`, and `voice.evals.calls.play` speaks the turns over 
   media websocket (`voice.devtools.provider_phones`), as its call-control app opens it; a
   transfer is a command to the provider's API (`voice.evals.call_control` plays it for the
   run's own server).
-- **sip**: an INVITE to the server's SIP port (`voice.devtools.sip_caller`); the server's id of
-  the call is the new one `GET /calls` lists from the caller's From user. A REFER (a transfer)
-  is accepted and reported done.
+- **sip**: an INVITE to the server's SIP port (`voice.devtools.sip_caller`) over the scenario's
+  `sip_transport` (UDP, TCP, or TLS to the TLS port); the server's id of the call is the new one
+  `GET /calls` lists from the caller's From user. A REFER (a transfer) is accepted and reported
+  done.
 - **webrtc**: an offer to `POST /offer` (`voice.devtools.webrtc_caller`); it reaches the agent
   whose `webrtc` is on, and has no keypad.
 
-The server's call id goes to `answered` before the caller's first turn, so the run's tool mocks
-know the call before any tool is called.
+The server's call id goes to the call's `CallWatch`, which is told once the greeting was heard,
+before the caller's first turn, so the run's tool mocks know the call (or are set on it) before
+any tool is called.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Callable, Sequence
+import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -40,7 +43,7 @@ from voice.devtools.stream_phone import talk
 from voice.devtools.twilio_call import after_stream, answer_webhook
 from voice.devtools.webrtc_caller import open_webrtc_call
 from voice.evals.call_control import CallControlApi
-from voice.evals.calls import ScriptedCall, keys_of, play
+from voice.evals.calls import CallWatch, ScriptedCall, keys_of, play
 from voice.evals.scenario import Scenario
 from voice.transports.phone.twilio import (
     CALLEE_PARAMETER,
@@ -50,9 +53,8 @@ from voice.transports.phone.twilio import (
 )
 
 SIP_PORT = 5060
+SIP_TLS_PORT = 5061
 SIP_LISTED_S = 10.0  # how long an answered SIP call may take to be listed by GET /calls
-
-Answered = Callable[[str], None]  # told the server's call id before the first turn
 
 
 @dataclass
@@ -63,13 +65,18 @@ class Target:
     token: str | None = None
     twilio_auth_token: str | None = None
     judge: LLMSettings | None = None
-    sip_port: int = SIP_PORT
+    sip_port: int = SIP_PORT  # UDP and TCP
     sip_host: str | None = None  # default: the URL's host
+    sip_tls_port: int = SIP_TLS_PORT
+    sip_tls: ssl.SSLContext | None = None  # checks the server's certificate (default: system CAs)
     # One SIP call set up at a time: a call is told from others from the same caller by being
     # the one new in `GET /calls` once answered.
     sip_setup: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Telnyx's and Vonage's API as the run's own server calls it (where the run faked it)
     call_control: CallControlApi | None = None
+    # The run's own server, whose agent copies point mocked tools at the run's endpoint (else
+    # the mocks are set on each call through the server's testing API)
+    own: bool = False
 
 
 async def place_call(
@@ -77,27 +84,26 @@ async def place_call(
     scenario: Scenario,
     number: str,
     audio: Sequence[PCM | None],
-    answered: Answered,
+    server: CallWatch,
 ) -> ScriptedCall:
     """Call `number` at `target` over `scenario.transport` and play `scenario`'s turns."""
     if scenario.transport == "twilio":
-        return await _twilio(target, scenario, number, audio, answered)
+        return await _twilio(target, scenario, number, audio, server)
     if scenario.transport in ("telnyx", "vonage"):
         provider: Provider = "telnyx" if scenario.transport == "telnyx" else "vonage"
-        return await _provider(target, scenario, provider, number, audio, answered)
+        return await _provider(target, scenario, provider, number, audio, server)
     if scenario.transport == "sip":
-        return await _sip(target, scenario, number, audio, answered)
-    return await _webrtc(target, scenario, audio, answered)
+        return await _sip(target, scenario, number, audio, server)
+    return await _webrtc(target, scenario, audio, server)
 
 
 async def _twilio(
-    target: Target, scenario: Scenario, number: str, audio: Sequence[PCM | None], answered: Answered
+    target: Target, scenario: Scenario, number: str, audio: Sequence[PCM | None], server: CallWatch
 ) -> ScriptedCall:
     """As Twilio places it: the webhook, its `<Connect><Stream>`, then `<Connect action>` once
     the server ends the stream."""
     numbers = {CALLER_PARAMETER: scenario.caller or DEFAULT_CALLER, CALLEE_PARAMETER: number}
     call, account, auth = ScriptedCall(twilio_sid("CA")), twilio_sid("AC"), target.twilio_auth_token
-    answered(call.call_id)
     answer = await answer_webhook(target.url, call.call_id, account, numbers, auth)
     if isinstance(answer, str):
         call.rejected = answer
@@ -107,9 +113,9 @@ async def _twilio(
     async with connect(url, compression=None, open_timeout=10, additional_headers=signed) as socket:
         phone = TwilioPhone(socket, call.call_id, account, answer.parameters)
         await phone.open()
-        call.server_ended = await talk(
-            phone, 0.0, play(phone, audio, keys_of(scenario), call.turns)
-        )
+        server.call_id = call.call_id
+        script = play(phone, audio, keys_of(scenario), call.turns, server)
+        call.server_ended = await talk(phone, 0.0, script)
     if call.server_ended and answer.action_url is not None:
         _, call.transferred_to = await after_stream(
             answer.action_url, call.call_id, account, numbers, auth
@@ -123,11 +129,10 @@ async def _provider(
     provider: Provider,
     number: str,
     audio: Sequence[PCM | None],
-    answered: Answered,
+    server: CallWatch,
 ) -> ScriptedCall:
     """As Telnyx or Vonage streams it: a stream token, then the provider's media websocket."""
     call = ScriptedCall(provider_call_id(provider))
-    answered(call.call_id)
     async with provider_stream(
         target.url,
         provider,
@@ -136,21 +141,23 @@ async def _provider(
         headers=auth_headers(target.token),
         call_id=call.call_id,
     ) as phone:
-        call.server_ended = await talk(
-            phone, 0.0, play(phone, audio, keys_of(scenario), call.turns)
-        )
+        server.call_id = call.call_id
+        script = play(phone, audio, keys_of(scenario), call.turns, server)
+        call.server_ended = await talk(phone, 0.0, script)
     if target.call_control is not None:
         call.transferred_to = target.call_control.transferred_to(call.call_id)
     return call
 
 
 async def _sip(
-    target: Target, scenario: Scenario, number: str, audio: Sequence[PCM | None], answered: Answered
+    target: Target, scenario: Scenario, number: str, audio: Sequence[PCM | None], server: CallWatch
 ) -> ScriptedCall:
     """An INVITE from the scenario's caller (else a unique From user); the server's id of the
     call is the new one `GET /calls` lists from that caller once it is answered."""
     caller = scenario.caller or f"hotline-test-{secrets.token_hex(4)}"
     host = target.sip_host or urlsplit(target.url).hostname or "127.0.0.1"
+    over = scenario.sip_transport
+    port = target.sip_tls_port if over == "tls" else target.sip_port
     headers = auth_headers(target.token)
     async with (
         httpx.AsyncClient(base_url=target.url, headers=headers, timeout=10) as http,
@@ -160,7 +167,13 @@ async def _sip(
             known = await sip_calls(http, caller)
             line = await stack.enter_async_context(
                 open_sip_call(
-                    host, target.sip_port, number=number, caller=caller, accept_refer=True
+                    host,
+                    port,
+                    number=number,
+                    caller=caller,
+                    transport=over,
+                    tls=target.sip_tls,
+                    accept_refer=True,
                 )
             )
             found = None
@@ -170,9 +183,9 @@ async def _sip(
             return ScriptedCall("", rejected=line.result.rejected)
         if found is None:
             raise TimeoutError(f"GET /calls did not list the SIP call from {caller}")
-        answered(found)
         call = ScriptedCall(found)
-        await line.talk(play(line.phone, audio, keys_of(scenario), call.turns))
+        server.call_id = found
+        await line.talk(play(line.phone, audio, keys_of(scenario), call.turns, server))
     call.server_ended = line.result.server_hung_up
     call.transferred_to = line.result.referred_to
     if line.result.rejected is not None:
@@ -181,12 +194,12 @@ async def _sip(
 
 
 async def _webrtc(
-    target: Target, scenario: Scenario, audio: Sequence[PCM | None], answered: Answered
+    target: Target, scenario: Scenario, audio: Sequence[PCM | None], server: CallWatch
 ) -> ScriptedCall:
     """An offer to `POST /offer`: the call reaches the agent whose `webrtc` is on."""
     async with open_webrtc_call(target.url, target.token) as webrtc:
-        answered(webrtc.call_id)
         call = ScriptedCall(webrtc.call_id)
-        await webrtc.talk(play(webrtc.line, audio, keys_of(scenario), call.turns))
+        server.call_id = webrtc.call_id
+        await webrtc.talk(play(webrtc.line, audio, keys_of(scenario), call.turns, server))
         call.server_ended = webrtc.line.ear.hung_up.is_set()
     return call

@@ -9,6 +9,11 @@ The endpoint checks each request's `X-Hotline-Signature` as an operator's servic
 request that is not signed with the run's secret is refused), and answers from the mocks of
 the scenario whose call it is (by the `call_id` in the body). A mocked tool's `headers` are left
 out of the copy: the mock needs no token, and a test run needs no ``${ORDERS_TOKEN}``.
+
+A server given with `--url` has agent files of its own: there `set_server_mocks` fixes the
+answers on each test call through the server's testing API (`PUT /calls/{id}/mocks`, which the
+server allows only with `HOTLINE_TESTING__ALLOW_MOCKS=true` and the API token), and the server
+answers the mocked tools itself (`voice.agents.mocked_tools`).
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from voice.agents.directory import AgentFileError
 from voice.agents.http_tools import SIGNATURE_HEADER, verify
+from voice.cli.client import auth_headers
 from voice.evals.scenario import Mock, Scenario
 
 MAX_BODY_BYTES = 1_000_000
@@ -84,6 +91,30 @@ class MockTools:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class MocksNotSet(RuntimeError):
+    """The server did not take a call's mocks (its answer says why)."""
+
+
+async def set_server_mocks(
+    url: str, token: str | None, call_id: str, mocks: dict[str, Mock]
+) -> None:
+    """Fix the answers of `mocks` on call `call_id` of the server at `url` (its testing API);
+    MocksNotSet, with the server's reason, when it refuses."""
+    body = {"mocks": {name: mock.model_dump() for name, mock in mocks.items()}}
+    async with httpx.AsyncClient(timeout=10, headers=auth_headers(token)) as http:
+        response = await http.put(f"{url.rstrip('/')}/calls/{call_id}/mocks", json=body)
+    if response.status_code == 200:
+        return
+    try:
+        reason = str(response.json().get("error"))
+    except (ValueError, AttributeError):
+        reason = response.text[:200]
+    hint = " (give the server's API token: --token)" if response.status_code == 401 else ""
+    raise MocksNotSet(
+        f"the server refused the tool mocks: HTTP {response.status_code}: {reason}{hint}"
+    )
 
 
 def _handler(tools: MockTools) -> type[BaseHTTPRequestHandler]:

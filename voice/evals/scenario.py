@@ -4,6 +4,7 @@ One YAML file a scenario, kept beside the agents (``deploy/agents/tests/*.yaml``
 
     agent: order-status                # the agent file's name; the call goes to its first number
     transport: sip                     # optional: twilio (default), telnyx, vonage, sip, webrtc
+    sip_transport: tls                 # optional, SIP only: udp (default), tcp or tls
     caller: "+15555550123"             # optional: the caller's number
     mocks:                             # optional: a tool's answer, fixed (no order system needed)
       order_status: {answer: {order: "12345678", status: shipped}}
@@ -41,11 +42,13 @@ from pydantic import (
 )
 
 from voice.agents.directory import _UniqueKeyLoader, _yaml_problem, field_path
+from voice.agents.mocked_tools import ToolMock
 
 _KEYS = re.compile(r"^[0-9*#]{1,32}$")
 
 Transport = Literal["twilio", "telnyx", "vonage", "sip", "webrtc"]
 TRANSPORTS: tuple[Transport, ...] = ("twilio", "telnyx", "vonage", "sip", "webrtc")
+SipTransport = Literal["udp", "tcp", "tls"]
 
 
 class _Strict(BaseModel):
@@ -119,11 +122,7 @@ class Turn(_Strict):
         return f"press {self.keys}"
 
 
-class Mock(_Strict):
-    """A tool's fixed answer: the JSON body the tool's service would answer, and its status."""
-
-    answer: Any = None
-    status: int = Field(default=200, ge=200, le=599)
+Mock = ToolMock  # a tool's fixed answer: what the runner's endpoint or the server answers
 
 
 class Scenario(_Strict):
@@ -134,6 +133,7 @@ class Scenario(_Strict):
     caller: str | None = Field(default=None, pattern=r"^\+[0-9]{8,15}$")
     number: str | None = None  # the number called; default: the agent's first number
     transport: Transport = "twilio"  # how the call is placed (`hotline test --transport` overrides)
+    sip_transport: SipTransport = "udp"  # a SIP call's (`--sip-transport` overrides)
     strict: bool = False  # a reply heard after its budget fails the scenario (else a warning)
     mocks: dict[str, Mock] = Field(default_factory=dict)
     turns: list[Turn] = Field(min_length=1, max_length=20)
@@ -159,13 +159,18 @@ def scenario_files(where: Path) -> list[Path]:
     return sorted(p for p in where.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
 
 
-def load_scenarios(where: Path, transport: Transport | None = None) -> list[Scenario]:
+def load_scenarios(
+    where: Path, transport: Transport | None = None, sip_transport: SipTransport | None = None
+) -> list[Scenario]:
     """Every scenario in `where` (a directory or one file), each placed over `transport` when
-    given (else its own); `ScenarioFileError` lists every problem of every file."""
+    given (else its own), a SIP call over `sip_transport` when given; `ScenarioFileError` lists
+    every problem of every file."""
     problems: list[str] = []
     scenarios = [
         s for p in scenario_files(where) if (s := _load(p, problems, transport)) is not None
     ]
+    if sip_transport is not None:
+        scenarios = [s.model_copy(update={"sip_transport": sip_transport}) for s in scenarios]
     if not problems and not scenarios:
         problems.append(f"{where}: no scenario files (*.yaml)")
     names: dict[str, Path] = {}

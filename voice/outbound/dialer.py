@@ -14,8 +14,9 @@ from voice.agents.transfer import CallControl
 from voice.cluster.registry import CallRegistry
 from voice.outbound.dials import Dial, DialBook
 from voice.outbound.placed import PlacedCall
-from voice.outbound.rate import CallRate
+from voice.outbound.rate import ClusterCallRate
 from voice.outbound.request import OutboundRequest
+from voice.outbound.sip import SipCalls
 from voice.outbound.streams import DIRECTION_PARAMETER, OUTBOUND_PARAMETER, token_subject
 from voice.outbound.telnyx import TelnyxCalls
 from voice.outbound.twilio import TwilioCalls
@@ -53,31 +54,41 @@ class Dialer:
         outbound = settings.outbound
         secret = settings.stream_secret()  # the phone routes check tokens under the same key
         self._tokens = StreamTokens(secret, outbound.answer_within_s) if secret else None
-        self.rate = CallRate(outbound.calls_per_second)
+        prefix = sessions.settings.key_prefix  # the budget is the cluster's, in Redis
+        self.rate = ClusterCallRate(sessions.redis, prefix, outbound.calls_per_second)
         self.book = DialBook.of(sessions)
         fallback = settings.telephony.twilio_auth_token
         self.twilio = TwilioCalls(settings.call_control, client, fallback)
         self.telnyx = TelnyxCalls(settings.call_control, client)
         self.vonage = VonageCalls(CallControl(settings.call_control, client), client)
+        self.sip: SipCalls | None = None  # once SIP is on (voice/server/app.py)
 
     async def place(
-        self, order: OutboundRequest, base_url: str, voicemail: str | None = None
+        self,
+        order: OutboundRequest,
+        base_url: str,
+        voicemail: str | None = None,
+        status_callback: str | None = None,
     ) -> PlacedCall:
         """Ask the provider to ring `order.to`; `base_url` is this server as the provider
-        reaches it; `voicemail`: the agent's own message for a machine. NotPlaceable, TooFast,
-        RegistryUnavailable (Redis) or DialError (the provider) when the call is not placed."""
+        reaches it; `voicemail`: the agent's own message for a machine; `status_callback`:
+        where Twilio reports the call's end (else HOTLINE_OUTBOUND__STATUS_CALLBACK_URL).
+        NotPlaceable, TooFast, RegistryUnavailable (Redis) or DialError (the provider) when
+        the call is not placed."""
+        if order.transport == "sip":
+            return await self._place_sip(order, voicemail)
         self._check(order)
-        wait_s = self.rate.take(order.transport)
+        wait_s = await self.rate.take(order.transport)
         if wait_s is not None:
             raise TooFast(order.transport, wait_s)
-        dial = Dial(order.transport, order.to, order.from_, order.agent, dict(order.metadata))
+        dial = Dial(order.transport, order.to, order.caller, order.agent, dict(order.metadata))
         if order.machine_detection:
             message = order.voicemail_message(voicemail)
             dial = dataclasses.replace(dial, machine_detection=True, voicemail=message)
         ttl_s = self.settings.outbound.answer_within_s
         await self.book.put(dial, ttl_s)
         try:
-            placed = await self._create(dial, base_url)
+            placed = await self._create(dial, base_url, status_callback)
         except Exception:
             await self.book.forget(dial.dial_id)
             raise
@@ -87,17 +98,31 @@ class Dialer:
             placed.call_id,
             order.transport,
             order.to,
-            order.from_,
+            order.caller,
             order.agent,
             dial.dial_id,
         )
         return placed
 
-    async def _create(self, dial: Dial, base_url: str) -> PlacedCall:
+    async def _place_sip(self, order: OutboundRequest, voicemail: str | None) -> PlacedCall:
+        """Through a trunk, by Hotline's own SIP user agent (voice/outbound/sip.py); its calls
+        per second are the trunk's. BadRequest for a trunk that is not one, CallsFull when
+        the call may not be admitted now."""
+        if self.sip is None:
+            raise NotPlaceable("SIP calls need HOTLINE_SIP__ENABLED=true and HOTLINE_SIP__TRUNKS")
+        trunk = self.sip.trunk(order.trunk)
+        wait_s = await self.rate.take(f"sip:{trunk.name}")
+        if wait_s is not None:
+            raise TooFast(f"sip:{trunk.name}", wait_s)
+        return await self.sip.place(order, trunk, voicemail)
+
+    async def _create(
+        self, dial: Dial, base_url: str, status_callback: str | None = None
+    ) -> PlacedCall:
         """The provider's REST request for `dial`."""
         if dial.provider == "twilio":
             twiml = self.twiml(dial, base_url)
-            callback = self.settings.outbound.status_callback_url
+            callback = status_callback or self.settings.outbound.status_callback_url
             return await self.twilio.create(dial.to, dial.from_, twiml, callback)
         stream_url = self.stream_url(dial, base_url)
         if dial.provider == "telnyx":

@@ -36,6 +36,8 @@ class PlacedCall:
     provider: str
     call_id: str
     status: str
+    caller: str | None = None  # the caller id, when the request left it to the provider (SIP)
+    trunk: str | None = None  # SIP: the trunk it goes through
 
 
 def redact(text: str, secret: str) -> str:

@@ -10,9 +10,10 @@ from pipeline.answering.screening import ScreeningSettings
 class OutboundSettings(BaseModel):
     """How Hotline places calls (voice/outbound/)."""
 
-    # Calls placed per second through each provider, by this worker (a token bucket holding
-    # as many calls as one second's worth, at least one). Twilio's accounts start at 1 CPS and
-    # queue what is beyond; over this limit Hotline answers 429 with Retry-After instead.
+    # Calls placed per second through each provider, by the whole cluster (a token bucket in
+    # Redis holding as many calls as one second's worth, at least one; each worker's own while
+    # Redis is away). Twilio's accounts start at 1 CPS and queue what is beyond; over this
+    # limit Hotline answers 429 with Retry-After instead (campaigns wait).
     calls_per_second: float = Field(default=1.0, gt=0)
     # How long a placed call may take to be answered: its stream token and its record (agent,
     # metadata) wait this long for the media stream (Twilio rings for 60 s by default).

@@ -26,6 +26,10 @@ from pipeline.turn_taking import model as smart_turn
 from voice.agents.directory import AgentDirectory, load_agents
 from voice.agents.runtime import Agents
 from voice.agents.transfer import CallControl
+from voice.campaigns.routes import campaigns_api, campaigns_page
+from voice.campaigns.runner import CampaignRunner
+from voice.campaigns.status import status_api
+from voice.campaigns.store import CampaignStore
 from voice.cluster.records import WorkerInfo
 from voice.cluster.registry import CallRegistry
 from voice.cluster.webhooks import WebhookOutbox
@@ -33,6 +37,7 @@ from voice.experiments.arms import load_experiment
 from voice.llm_sim.serving import running_simulator
 from voice.outbound.dialer import Dialer
 from voice.outbound.routes import outbound_api
+from voice.outbound.sip import SipCalls
 from voice.recordings.calls import CallRecordings
 from voice.server import metrics
 from voice.server.api import APIError, api_error_response
@@ -44,6 +49,8 @@ from voice.server.routes.ops import ops_api
 from voice.server.routes.phone import phone_api
 from voice.server.routes.recordings import recordings_api
 from voice.server.routes.sip import SipService
+from voice.server.routes.sip_dial import SipDialing
+from voice.server.routes.testing import testing_api
 from voice.server.routes.webrtc import webrtc_api
 from voice.server.settings import Settings
 from voice.server.supervision import Supervision
@@ -55,7 +62,13 @@ log = logging.getLogger(__name__)
 
 
 def _warn_if_exposed(settings: Settings) -> None:
-    """Say loudly when a worker listens beyond this machine with nothing to keep callers out."""
+    """Say loudly when a worker listens beyond this machine with nothing to keep callers out,
+    and whenever the testing API may change what a call's tools answer."""
+    if settings.testing.allow_mocks:
+        log.warning(
+            "TESTING: HOTLINE_TESTING__ALLOW_MOCKS is on: the API token's holder can fix "
+            "what HTTP tools answer on any call in progress (a test server's setting)"
+        )
     try:
         loopback = ipaddress.ip_address(settings.host).is_loopback
     except ValueError:
@@ -90,6 +103,63 @@ def agent_directory(settings: Settings) -> AgentDirectory:
     if settings.agents.dir is None:
         return AgentDirectory({})
     return load_agents(Path(settings.agents.dir), settings.agents.default)
+
+
+def _webhook_outbox(
+    settings: Settings,
+    sessions: CallRegistry,
+    client: httpx.AsyncClient,
+    worker_id: str,
+    stack: contextlib.AsyncExitStack,
+) -> WebhookOutbox | None:
+    """The post-call webhook's outbox and its delivery task, when a webhook URL is set."""
+    if settings.webhook.url is None:
+        return None
+    outbox = WebhookOutbox(
+        sessions.redis,
+        settings.session_settings().key_prefix,
+        settings.webhook,
+        client,
+        worker_id,
+        on_outcome=metrics.count_webhook,
+    )
+    deliveries = asyncio.create_task(outbox.run(), name="webhooks")
+    stack.callback(deliveries.cancel)
+    return outbox
+
+
+async def _serve_sip_and_calls_out(
+    app: FastAPI,
+    stack: contextlib.AsyncExitStack,
+    switchboard: Switchboard,
+    client: httpx.AsyncClient,
+    worker_id: str,
+    outbox: WebhookOutbox | None,
+) -> None:
+    """Direct SIP (when on), placed calls (`POST /calls/outbound`, over SIP too) and the
+    campaign runner every worker runs for the cluster."""
+    settings: Settings = app.state.settings
+    sessions = switchboard.sessions
+    app.state.dialer = dialer = Dialer(settings, client, sessions)
+    if settings.sip.enabled:
+        sip = SipService(switchboard, settings.sip, settings.host)
+        await sip.start()
+        stack.push_async_callback(sip.close)
+        switchboard.sip_transfers = sip
+        app.state.sip = sip
+        dialer.sip = SipCalls(switchboard, SipDialing(sip), settings.sip.trunks)
+        stack.push_async_callback(dialer.sip.close)  # first: CANCELs while SIP is up
+    app.state.campaigns = CampaignRunner(
+        CampaignStore(sessions.redis, settings.session_settings().key_prefix),
+        dialer,
+        switchboard,
+        settings.campaigns,
+        worker_id,
+        outbox,
+        settings.telephony.public_url,
+    )
+    campaigning = asyncio.create_task(app.state.campaigns.run(), name="campaigns")
+    stack.callback(campaigning.cancel)
 
 
 @contextlib.asynccontextmanager
@@ -147,18 +217,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         sessions = await CallRegistry.open(settings.session_settings(), worker)
         await sessions.start()
         stack.push_async_callback(sessions.close)
-        outbox = None
-        if settings.webhook.url is not None:
-            outbox = WebhookOutbox(
-                sessions.redis,
-                settings.session_settings().key_prefix,
-                settings.webhook,
-                tool_client,
-                worker.worker_id,
-                on_outcome=metrics.count_webhook,
-            )
-            deliveries = asyncio.create_task(outbox.run(), name="webhooks")
-            stack.callback(deliveries.cancel)
+        outbox = _webhook_outbox(settings, sessions, tool_client, worker.worker_id, stack)
         metrics.watch_queues(
             [stt.scheduler, phone_stt.scheduler], [voice.scheduler for voice in agents.voices()]
         )
@@ -185,14 +244,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.experiment_file:
             await switchboard.experiments.save(load_experiment(settings.experiment_file))
         control = asyncio.create_task(Supervision(switchboard).serve(), name="control")
-        if settings.sip.enabled:
-            sip = SipService(switchboard, settings.sip, settings.host)
-            await sip.start()
-            stack.push_async_callback(sip.close)
-            switchboard.sip_transfers = sip
-            app.state.sip = sip
+        await _serve_sip_and_calls_out(
+            app, stack, switchboard, tool_client, worker.worker_id, outbox
+        )
         app.state.switchboard = switchboard
-        app.state.dialer = Dialer(settings, tool_client, sessions)  # POST /calls/outbound
         log.info("Hotline ready: worker %s, %d calls at most", worker.worker_id, settings.max_calls)
         try:
             yield
@@ -216,9 +271,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(webrtc_api)
     app.include_router(phone_api)
     app.include_router(outbound_api)  # before calls_api: /calls/outbound is not a call id
+    app.include_router(campaigns_api)
+    app.include_router(campaigns_page)
+    app.include_router(status_api)  # Twilio's status callback for campaign calls
     app.include_router(calls_api)
     app.include_router(calls_live_api)
     app.include_router(recordings_api)
     app.include_router(console_api)
     app.include_router(experiments_api)
+    app.include_router(testing_api)  # 404 unless HOTLINE_TESTING__ALLOW_MOCKS
     return app

@@ -75,10 +75,13 @@ class CallRecord:
     metadata: dict[str, object] | None = None  # an outbound call's, from its request
     # with machine detection: who answered (pipeline.answering.screening.Screening.answered_by)
     answered_by: dict[str, object] | None = None
+    outcome: dict[str, object] | None = None  # a SIP call placed: how it went (outbound/sip.py)
 
     @property
     def state(self) -> str:
-        return "ended" if self.ended_at is not None else "active"
+        if self.ended_at is None:
+            return "active"
+        return "failed" if (self.outcome or {}).get("cause", "answered") != "answered" else "ended"
 
     def summary(self) -> dict[str, object]:
         return {
@@ -101,6 +104,7 @@ class CallRecord:
             "direction": self.direction,
             "metadata": self.metadata,
             "answered_by": self.answered_by,
+            "outcome": self.outcome,
         }
 
     def detail(self) -> dict[str, object]:
@@ -138,6 +142,7 @@ class Call:
     recording: dict[str, object] | None = None  # once it ended: where (RecordingLocation)
     direction: str = "inbound"  # or "outbound" (voice/outbound/)
     metadata: dict[str, object] | None = None  # an outbound call's, from its request
+    outcome: dict[str, object] | None = None  # a SIP call placed: how its INVITE went
 
     @property
     def state(self) -> str:
@@ -166,6 +171,7 @@ class Call:
             self.direction,
             self.metadata,
             answering.answered_by() if (answering := conversation.answering) else None,
+            self.outcome,
         )
 
     def notice(self) -> dict[str, object] | None:

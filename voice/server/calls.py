@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from pipeline.answering.screening import Screening
@@ -18,12 +18,12 @@ from pipeline.llm.routing import Policy, TierRouter
 from pipeline.opening import NOTICE_ATTEMPTS
 from pipeline.records import TurnRecord
 from pipeline.services import SpeechRecognizer, SpeechSynthesizer
-from pipeline.tools import CallAction, ToolSpec, Transfer
+from pipeline.tools import CallAction, Toolbox, ToolSpec, Transfer
 from pipeline.transport import Transport
 from pipeline.turn_taking.end_of_turn import TurnJudge
 from voice.agents.agent import Agent
+from voice.agents.mocked_tools import mockable
 from voice.agents.runtime import Agents
-from voice.agents.toolbox import CallToolbox
 from voice.agents.transfer import CallControl, CallMover
 from voice.cluster.records import RegisteredCall, UnknownCall
 from voice.cluster.registry import CallRegistry
@@ -83,6 +83,7 @@ class Switchboard:
         # admitted calls' experiment and arm (or None), until they start
         self._arms: dict[str, tuple[str | None, str | None, Policy]] = {}
         self.active: dict[str, Call] = {}
+        self.placing: dict[str, Callable[[str], None]] = {}  # placed, not answered: hang-ups
         self.finished: OrderedDict[str, CallRecord] = OrderedDict()  # oldest first
         self._background: set[asyncio.Task[object]] = set()
         self.draining = False
@@ -143,10 +144,10 @@ class Switchboard:
             raise CallsFull(reason)
         return call_id
 
-    def release(self, call_id: str) -> None:
+    def release(self, call_id: str, reason: str | None = None) -> None:
         """Give back an admission whose call never started (e.g. its SDP was bad)."""
         self._arms.pop(call_id, None)
-        self.sessions.end_call(call_id, "failed")
+        self.sessions.end_call(call_id, "failed", reason)
 
     def get(self, call_id: str) -> Call | CallRecord | None:
         """A call in progress here, or the record of one that ended here (of the last few)."""
@@ -169,11 +170,11 @@ class Switchboard:
         experiment, arm, policy = self._arms.pop(call_id, (None, None, self.settings.policy))
         ready = self.agents.for_call(kind, callee) if self.agents is not None else None
         if outbound is not None and self.agents is not None:
-            ready = self.agents.named(outbound[0]) or ready
+            ready = self.agents.named(*outbound) or ready  # its variables rendered
         agent = ready.agent if ready is not None else None
         if agent is not None and agent.policy is not None and arm is None:
             policy = agent.policy  # an experiment's arm still wins: it is what is measured
-        toolbox = ready.toolbox if ready is not None else None
+        toolbox = mockable(ready, self.settings.testing.allow_mocks)  # the testing API's
         llm = self.router.for_call(
             policy,
             experiment,
@@ -231,7 +232,7 @@ class Switchboard:
         log.info("call %s: admitted (%s, agent %s%s), %d active", call_id, kind, name, in_arm, n)
         return call
 
-    def _offered_tools(self, toolbox: CallToolbox | None, kind: str) -> list[ToolSpec]:
+    def _offered_tools(self, toolbox: Toolbox | None, kind: str) -> list[ToolSpec]:
         """The tools the model is offered on a call of this kind."""
         specs = list(toolbox.specs()) if toolbox is not None else []
         if self.call_control is not None and self.call_control.supports(kind):

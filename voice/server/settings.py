@@ -6,10 +6,10 @@ Examples: `HOTLINE_PORT=9000`, `HOTLINE_LLM__BASE_URL=https://api.openai.com/v1`
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from aiortc import RTCIceServer
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from pipeline.conversation_settings import ConversationSettings
@@ -20,6 +20,7 @@ from pipeline.stt import STTSettings
 from pipeline.tts import TTSSettings
 from pipeline.turns import TurnSettings
 from voice.agents.transfer import CallControlSettings
+from voice.campaigns.settings import CampaignSettings
 from voice.cluster.records import RegistrySettings
 from voice.cluster.webhooks import WebhookSettings
 from voice.llm_sim.simulator import SimulatorSettings
@@ -27,6 +28,7 @@ from voice.outbound.settings import OutboundSettings
 from voice.recordings.settings import RecordingSettings
 from voice.server.tracing import TracingSettings
 from voice.transports.sip.limits import SipLimits
+from voice.transports.sip.trunk import SipTrunk, unique_names
 
 
 class IceServer(BaseModel):
@@ -120,6 +122,10 @@ class SipSettings(BaseModel):
     # connections, header and idle timeouts (`SipLimits`; README "Security"), each settable,
     # e.g. HOTLINE_SIP__LIMITS__STRANGER_RATE=50.
     limits: SipLimits = Field(default_factory=SipLimits)
+    # Trunks and PBXs that calls are placed through (POST /calls/outbound, transport sip), e.g.
+    # '[{"name": "pbx", "host": "pbx.example.com:5060", "username": "hotline", "password": "…",
+    # "from_number": "+15551110000"}]' (`SipTrunk`; the first is the default).
+    trunks: Annotated[list[SipTrunk], AfterValidator(unique_names)] = Field(default_factory=list)
 
 
 class AgentSettings(BaseModel):
@@ -135,6 +141,15 @@ class AgentSettings(BaseModel):
     # Key of the HMAC signature on every HTTP tool request (X-Hotline-Signature). Required when
     # an agent declares HTTP tools; shared by every worker, so the tool can verify any of them.
     signing_secret: SecretStr | None = None
+
+
+class TestingSettings(BaseModel):
+    """What `hotline test` may do to this server's calls (README "Testing an agent")."""
+
+    # Let the API token's holder fix what an HTTP tool answers on one call in progress
+    # (`PUT /calls/{id}/mocks`): for staging servers that `hotline test --url` runs against.
+    # Needs HOTLINE_API_TOKEN; off, the route answers 404.
+    allow_mocks: bool = False
 
 
 class Settings(BaseSettings):
@@ -188,6 +203,9 @@ class Settings(BaseSettings):
     # Placing calls (POST /calls/outbound, `hotline dial`): calls per second per provider, how
     # long a placed call may ring (voice/outbound/). Twilio's credentials are in call_control.
     outbound: OutboundSettings = Field(default_factory=OutboundSettings)
+    # Campaigns (POST /campaigns, `hotline campaign run`): rows, leases, the runner's tick and
+    # the clock that decides calling hours (voice/campaigns/).
+    campaigns: CampaignSettings = Field(default_factory=CampaignSettings)
     # OpenTelemetry: a trace per call, a span per turn and its stages, exported by OTLP/HTTP when
     # HOTLINE_TRACING__OTLP_ENDPOINT is set (off, at no cost, otherwise).
     tracing: TracingSettings = Field(default_factory=TracingSettings)
@@ -202,6 +220,8 @@ class Settings(BaseSettings):
     # Redis shared by every worker (HOTLINE_REDIS_URL); unset: an in-process store, one worker.
     redis_url: str | None = None
     sessions: RegistrySettings = Field(default_factory=RegistrySettings)
+    # Test-only powers (HOTLINE_TESTING__ALLOW_MOCKS=true), all off by default.
+    testing: TestingSettings = Field(default_factory=TestingSettings)
 
     def stream_secret(self) -> bytes | None:
         """The key of stream tokens: its own setting, else the API token, else Twilio's."""

@@ -10,6 +10,7 @@ from typing import Any
 from pipeline.opening import OPERATOR
 from pipeline.tools import Transfer
 from voice.agents.agent import destination
+from voice.agents.mocked_tools import set_mocks
 from voice.server.call_records import Call
 from voice.server.calls import Switchboard
 from voice.transports.listen_in import Listeners
@@ -30,7 +31,7 @@ class Supervision:
         async for control in self.board.sessions.control_commands():
             call = self.board.active.get(control.call_id)
             if call is None:
-                await control.ack({"ok": False, "error": "unknown call"})
+                await control.ack(self._not_answered(control.call_id, control.command))
                 continue
             try:
                 result = await self.command(call, control.command, control.args)
@@ -38,6 +39,17 @@ class Supervision:
                 log.exception("call %s: %s failed", call.call_id, control.command)
                 result = {"ok": False, "error": f"{control.command} failed"}
             await control.ack(result)
+
+    def _not_answered(self, call_id: str, command: str) -> Result:
+        """A command for a call not in progress here: a call being placed (voice/outbound/sip.py)
+        may be hung up before its answer (its INVITE cancelled); nothing else."""
+        hang_up = self.board.placing.get(call_id)
+        if hang_up is None:
+            return {"ok": False, "error": "unknown call"}
+        if command != "hangup":
+            return {"ok": False, "error": "the call is not answered yet", "code": 409}
+        hang_up("hung up through the API")
+        return {"ok": True, "status": "cancelling"}
 
     async def command(self, call: Call, command: str, args: dict[str, Any]) -> Result:
         if command == "hangup":
@@ -50,6 +62,8 @@ class Supervision:
             return await self._transfer(call, args)
         if command == "listen" and isinstance(args.get("sdp"), str):
             return await self._listen(call, str(args["sdp"]))
+        if command == "mocks":  # the testing API (voice/server/routes/testing.py)
+            return set_mocks(call.call_id, call.conversation.tools, args.get("mocks"))
         return {"ok": False, "error": f"bad command {command!r}", "code": 400}
 
     async def _transfer(self, call: Call, args: dict[str, Any]) -> Result:

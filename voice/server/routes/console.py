@@ -186,13 +186,18 @@ def _locked_out(wait_s: float, next_page: str) -> HTMLResponse:
     )
 
 
+async def console_page(request: Request, name: str) -> HTMLResponse:
+    """A page of the console (voice/static/`name`), or its sign-in form without a session."""
+    if not await authorized(request):
+        return sign_in_page("/console")
+    page = resources.files("voice").joinpath(f"static/{name}").read_text("utf-8")
+    return HTMLResponse(page, headers={"Cache-Control": "no-store"})
+
+
 @console_api.get("/console", response_class=HTMLResponse)
 async def console(request: Request) -> HTMLResponse:
     """The console, or its sign-in form without a session."""
-    if not await authorized(request):
-        return sign_in_page("/console")
-    page = resources.files("voice").joinpath("static/console.html").read_text("utf-8")
-    return HTMLResponse(page, headers={"Cache-Control": "no-store"})
+    return await console_page(request, "console.html")
 
 
 @console_api.post("/console/login", response_model=None)

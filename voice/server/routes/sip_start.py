@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 
+from pipeline.answering.screening import Screening
+from voice.server.call_records import Call
 from voice.server.calls import Switchboard
 from voice.server.routes.sip_answer import Offered, apply_answer, read_answer
 from voice.server.routes.sip_calls import InCall, SipCall
@@ -16,6 +18,9 @@ from voice.transports.sip.message import SipMessage
 from voice.transports.sip.sdp import RemoteMedia, SdpError, answer, offer
 
 log = logging.getLogger("voice.server.routes.sip")
+
+# A placed call's (agent, metadata) and its answering-machine detection, if any.
+Placed = tuple[tuple[str, dict[str, object]], Screening | None]
 
 
 class Answering(InCall):
@@ -63,9 +68,16 @@ class Answering(InCall):
         self._start(call, remote, caller, callee)
 
     def _start(
-        self, call: SipCall, remote: RemoteMedia, caller: str | None, callee: str | None
-    ) -> None:
-        """The call's media and conversation, once offer and answer are known."""
+        self,
+        call: SipCall,
+        remote: RemoteMedia,
+        caller: str | None,
+        callee: str | None,
+        *,
+        placed: Placed | None = None,
+    ) -> Call:
+        """The call's media and conversation, once offer and answer are known. `placed`: a
+        call we placed (voice/outbound/sip.py): its agent and metadata, and who answered."""
         peer, call_id = call.dialog.peer, call.call_id
         call.media = SipMedia(
             call_id,
@@ -74,10 +86,20 @@ class Answering(InCall):
             idle_timeout_s=self.settings.media_timeout_s,
         )
         call.media.held = remote.on_hold
-        self.board.start(call_id, call.media, "sip", caller=caller, callee=callee)
-        log.info(
-            "sip: call %s from %s over %s (%s to %s, %s)",
+        outbound, answering = placed if placed is not None else (None, None)
+        started = self.board.start(
             call_id,
+            call.media,
+            "sip",
+            caller=caller,
+            callee=callee,
+            outbound=outbound,
+            answering=answering,
+        )
+        log.info(
+            "sip: call %s %s %s over %s (%s to %s, %s)",
+            call_id,
+            "from" if placed is None else "to",
             peer.host,
             peer.transport,
             caller,
@@ -86,6 +108,7 @@ class Answering(InCall):
         )
         if call.timer is not None:
             self._spawn(self._watch_session(call, call.timer))
+        return started
 
     def _abandon(self, call: SipCall, reason: str) -> None:
         """A late offer's call that never started: BYE, its RTP port and admission let go."""

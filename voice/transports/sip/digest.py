@@ -33,6 +33,24 @@ def _md5(text: str) -> str:
     return hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()
 
 
+def digest_response(
+    ha1: str, nonce: str, method: str, uri: str, counted: tuple[str, str] | None
+) -> str:
+    """The request-digest of RFC 2617 §3.2.2.1 (MD5) for HA1 = MD5(user:realm:password): with
+    qop=auth (`counted`: the nonce count and cnonce) MD5(HA1:nonce:nc:cnonce:auth:HA2), without
+    (RFC 2069) MD5(HA1:nonce:HA2); HA2 = MD5(method:uri). Both sides of a challenge use it."""
+    ha2 = _md5(f"{method}:{uri}")
+    if counted is None:
+        return _md5(f"{ha1}:{nonce}:{ha2}")
+    nc, cnonce = counted
+    return _md5(f"{ha1}:{nonce}:{nc}:{cnonce}:auth:{ha2}")
+
+
+def user_hash(user: str, realm: str, password: str) -> str:
+    """HA1 of RFC 2617 §3.2.2.2: MD5(user:realm:password)."""
+    return _md5(f"{user}:{realm}:{password}")
+
+
 def _host(source: str) -> str:
     """One spelling per address (an IPv4-mapped IPv6 address is its IPv4 address)."""
     try:
@@ -140,9 +158,9 @@ class DigestAuth:
             return DigestCheck(reason="not our nonce, or not given to this source")
         user = params.get("username", "")
         password = self.users.get(user)
-        ha1 = _md5(f"{user}:{self.realm}:{self._decoy if password is None else password}")
-        ha2 = _md5(f"{request.method}:{params['uri']}")
-        expected = _md5(f"{ha1}:{nonce}:{nc_text}:{cnonce}:auth:{ha2}")
+        ha1 = user_hash(user, self.realm, self._decoy if password is None else password)
+        method, uri = request.method or "", params["uri"]
+        expected = digest_response(ha1, nonce, method, uri, (nc_text, cnonce))
         given = params.get("response", "")
         if not hmac.compare_digest(given.encode(), expected.encode()) or password is None:
             return DigestCheck(reason="wrong user or password")

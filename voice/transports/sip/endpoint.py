@@ -38,6 +38,7 @@ from voice.transports.sip.streams import (
     tls_streams,
 )
 from voice.transports.sip.transactions import ServerTransactions
+from voice.transports.sip.udp import SendFailures, UdpProtocol
 
 # What the rest of the package has always imported from here (peer.py holds them now).
 __all__ = ["T1", "T2", "TRANSACTION_S", "Handler", "Peer", "SipEndpoint", "SipError"]
@@ -50,18 +51,6 @@ class _Connection:
     peer: Peer
     kind: Kind  # when it was let in
     calls: set[str] = field(default_factory=set)  # Call-IDs answered 2xx here, not yet ended
-
-
-class _Udp(asyncio.DatagramProtocol):
-    def __init__(self, endpoint: SipEndpoint) -> None:
-        self.endpoint = endpoint
-
-    def datagram_received(self, data: bytes, addr: tuple[str | object, ...]) -> None:
-        address = (str(addr[0]), int(str(addr[1])))
-        self.endpoint._received(data, Peer("UDP", address))
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("sip: udp error %s", exc)
 
 
 class SipEndpoint:
@@ -95,6 +84,7 @@ class SipEndpoint:
             max_stranger_entries=self.limits.stranger_transactions,
         )
         self._quiet = LogThrottle()
+        self.failures = SendFailures()  # UDP destinations an ICMP error says are unreachable
         self._udp: asyncio.DatagramTransport | None = None
         self._tcp: asyncio.Server | None = None
         self._tls: socket.socket | None = None  # our own accept loop: caps before the handshake
@@ -120,7 +110,8 @@ class SipEndpoint:
         loop = asyncio.get_running_loop()
         for attempt in range(8 if self.port == 0 else 1):  # port 0: one free for UDP and TCP
             udp, _ = await loop.create_datagram_endpoint(
-                lambda: _Udp(self), local_addr=(self.host, self.port)
+                lambda: UdpProtocol(self._received_udp, self.failures),
+                local_addr=(self.host, self.port),
             )
             port = int(udp.get_extra_info("sockname")[1])
             try:
@@ -241,6 +232,9 @@ class SipEndpoint:
         )
         return False
 
+    def _received_udp(self, data: bytes, address: tuple[str, int]) -> None:
+        self._received(data, Peer("UDP", address))
+
     def _received(self, data: bytes, peer: Peer) -> None:
         if not self._admit(peer):
             return
@@ -259,7 +253,10 @@ class SipEndpoint:
             if listener is not None:
                 return listener[0](message)
             future = self._pending.get(message.branch or "")
-            if future is not None and not future.done() and (message.status or 0) >= 200:
+            if future is None:  # a late retransmission, or no request of ours at all
+                line = "sip: a %s from %s answers no request of ours: dropped"
+                return self._warn(f"stray {peer.host}", line, message.status, peer.address)
+            if not future.done() and (message.status or 0) >= 200:
                 self._note_call(message, peer)
                 future.set_result(message)
             return

@@ -17,6 +17,7 @@ import contextlib
 from voice.transports.sip.dialog import SipDialog
 from voice.transports.sip.endpoint import T1, SipEndpoint, SipError
 from voice.transports.sip.message import SipMessage
+from voice.transports.sip.uac import hop_ack
 
 
 class Reinvite:
@@ -97,16 +98,7 @@ class Reinvite:
         number = self.invite.cseq[0]
         if 200 <= (response.status or 0) < 300:
             return self.dialog.request("ACK", cseq=number)
-        ack = SipMessage(method="ACK", uri=self.invite.uri)
-        ack.add_header("Via", self.invite.header_values("Via")[0])
-        ack.add_header("Max-Forwards", "70")
-        ack.add_header("From", self.invite.header("From") or "")
-        ack.add_header("To", response.header("To") or "")
-        ack.add_header("Call-ID", self.invite.call_id)
-        ack.add_header("CSeq", f"{number} ACK")
-        for route in self.invite.header_values("Route"):
-            ack.add_header("Route", route)
-        return ack
+        return hop_ack(self.invite, response)
 
     def _forget(self) -> None:
         self.endpoint.forget(self.branch)
