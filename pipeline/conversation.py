@@ -14,16 +14,16 @@ up before hearing its reply (then with nothing heard).
 
 What the conversation needs of its STT, TTS and LLM is in `pipeline.services`; what a reply
 heard and the record it leaves, in `pipeline.replies`; speculation's gate, in
-`pipeline.speculation`; tool rounds, in `pipeline.tool_turns`. This module stays over 400
-lines because it is one state machine whose handlers share one call's state (the response
-task, the early transcript, the speculation, the words carried over); split into mixins, each
-part would read only with the others open (the keypad's own rules are in `pipeline.keypad`).
+`pipeline.speculation`; tool rounds, in `pipeline.tool_turns`; a sentence's synthesis and
+place on the line, in `pipeline.speaking`. This module stays over 400 lines because it is one
+state machine whose handlers share one call's state (the response task, the early transcript,
+the speculation, the words carried over); split into mixins, each part would read only with
+the others open (the keypad's own rules are in `pipeline.keypad`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -33,7 +33,6 @@ from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-import soxr
 
 from pipeline.answering.screening import Screening
 from pipeline.conversation_settings import ConversationSettings
@@ -53,22 +52,21 @@ from pipeline.replies import (
     turn_history,
     unanswered_record,
 )
-from pipeline.scheduling import Urgency, urgent_in
+from pipeline.scheduling import Urgency
 from pipeline.sentences import SentenceSettings, SentenceSplitter
 from pipeline.services import LanguageModel, ReplyStream, SpeechRecognizer, SpeechSynthesizer
+from pipeline.speaking import Speaker
 from pipeline.speculation import Discarded, Gate, Speculation, Unanswered
 from pipeline.stt import Transcript
 from pipeline.tool_turns import ToolRound, ToolRunner, ToolSettings, rounds_ms
 from pipeline.tools import ActionFailed, CallAction, EndCall, Toolbox, ToolContext
 from pipeline.transport import (
-    SAMPLE_RATE,
     AudioIn,
     Dtmf,
     HangUp,
     PlaybackCleared,
     Transport,
 )
-from pipeline.tts import trim_leading_silence
 from pipeline.turn_taking.end_of_turn import EndOfTurn, TurnJudge
 from pipeline.turn_taking.interruptions import Interruptions
 from pipeline.turns import (
@@ -137,6 +135,7 @@ class Conversation:
         self.notice = Notice(call_id, notice, transport, self._emit, attempts, sentence_settings)
         self.tts = self.notice.voice(tts)  # the notice synthesised once, however often said
         self.settings = settings or ConversationSettings()
+        self._speak = Speaker(transport, self.tts, self.settings).speak  # a sentence on the line
         piece_s = self.settings.long_turn_piece_s
         self.stt = LongTurns(stt, piece_s) if piece_s else stt  # long turns piece by piece
         self.sentence_settings = sentence_settings
@@ -595,50 +594,6 @@ class Conversation:
         """The caller's words are a turn being answered: show them, and carry nothing over."""
         self._carried = None
         self._emit({"type": "transcript", "role": "caller", "turn": turn, "text": said})
-
-    async def _speak(
-        self, sentence: str, spoken: list[Spoken], clock: TurnClock, gate: Gate | None = None
-    ) -> list[asyncio.Task[None]]:
-        """Synthesize one sentence and queue it (once `gate`, if any, is open); returns the
-        first-audio watcher if it made one."""
-        ahead = self.settings.sentences_ahead
-        if len(spoken) >= ahead:  # PlaybackCleared if the reply is cleared meanwhile
-            await self.transport.wait_played(spoken[-ahead].end)
-        clock.mark("first_sentence")
-        urgency = self._synthesis_urgency(spoken)
-        try:
-            audio = await self.tts.synthesize(sentence, urgency)
-        finally:
-            urgency.settle()
-        clock.mark("tts_first_chunk")
-        if not spoken:
-            audio = trim_leading_silence(audio, self.tts.sample_rate)
-        # Whole, not streamed: a stream would hold back the end of each sentence (22 ms) until
-        # the next, and a reply would open with the last one's.
-        pcm = np.asarray(soxr.resample(audio, self.tts.sample_rate, SAMPLE_RATE, "HQ"), np.int16)
-        if pcm.size == 0:
-            return []
-        if gate is not None:
-            await gate.passed()
-        start = self.transport.queued_samples
-        end = self.transport.play(pcm)
-        spoken.append(Spoken(sentence, start, end))
-        if len(spoken) == 1:
-            return [asyncio.create_task(self._watch_first_audio(start, clock))]
-        return []
-
-    def _synthesis_urgency(self, spoken: list[Spoken]) -> Urgency:
-        """A reply's first chunk is urgent (its caller is waiting); a later sentence becomes
-        urgent once the audio queued before it has less than `urgent_before_s` left to play."""
-        if not spoken:
-            return Urgency(True)
-        left = (self.transport.queued_samples - self.transport.played_samples) / SAMPLE_RATE
-        return urgent_in(left - self.settings.urgent_before_s)
-
-    async def _watch_first_audio(self, start: int, clock: TurnClock) -> None:
-        with contextlib.suppress(PlaybackCleared):
-            # The first 20 ms frame of the reply has gone out once sending passes its start.
-            clock.mark("first_audio", await self.transport.wait_sent(start + 1))
 
     def _finish_turn(
         self,
