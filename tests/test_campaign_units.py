@@ -57,6 +57,12 @@ def test_retries_back_off_and_stop_at_their_maximum() -> None:
     assert outcome_of_record({"result": "machine", "basis": "beep"}) == "machine"
     assert outcome_of_record({"result": "human"}) == outcome_of_record(None) == "answered"
     assert outcome_of_record({"result": "unknown", "basis": "timeout"}) == "answered"
+    sip = {"busy": "busy", "no_answer": "no_answer", "rejected": "failed", "failed": "failed"}
+    sip |= {"unreachable": "failed", "cancelled": "failed"}
+    for cause, outcome in sip.items():
+        assert outcome_of_record(None, {"cause": cause, "sip_status": 486}) == outcome
+    machine = {"result": "machine", "basis": "beep"}
+    assert outcome_of_record(machine, {"cause": "answered"}) == "machine"
 
 
 def test_variables_fill_the_agent_s_words_and_nothing_else() -> None:
@@ -102,6 +108,19 @@ def test_a_campaign_request_names_each_problem_and_normalises_numbers() -> None:
         with pytest.raises(BadCampaign) as refused:
             parse_campaign(bad, ["reminder"], 10)
         assert refused.value.status == status
+    row = [{"to": "+15550100001"}]
+    over_sip = {"agent": "reminder", "transport": "sip", "trunk": "pbx", "ring_timeout_s": 20}
+    sip = parse_campaign(json.dumps({**over_sip, "rows": row}).encode(), ["reminder"], 10)
+    assert (sip.head.from_, sip.head.trunk, sip.head.ring_timeout_s) == (None, "pbx", 20)
+    for wrong, said in (
+        ({"trunk": "pbx"}, "trunk: only with transport sip"),
+        ({"transport": "sip", "ring_timeout_s": 0}, "ring_timeout_s: "),
+    ):
+        with pytest.raises(BadCampaign, match=said):
+            parse_campaign(body(rows=row, **wrong), ["reminder"], 10)
+    no_from = json.dumps({"agent": "reminder", "rows": row}).encode()
+    with pytest.raises(BadCampaign, match="from: required"):
+        parse_campaign(no_from, ["reminder"], 10)
 
 
 def spec_of(rows: int) -> object:

@@ -113,6 +113,15 @@ def vonage_call(body: dict[str, Any]) -> JSONResponse:
         if not isinstance(endpoints, list) or len(endpoints) != 1:
             raise bad(f"ncco[{index}].endpoint", "must be one endpoint")
         _vonage_websocket(endpoints[0], f"ncco[{index}].endpoint[0]")
+    events = body.get("event_url", [])
+    if not isinstance(events, list) or len(events) > 1:
+        raise bad("event_url", "must be an array of one URL")
+    if events and not (
+        isinstance(events[0], str) and events[0].startswith(("http://", "https://"))
+    ):
+        raise bad("event_url[0]", "must be a URL")
+    if body.get("event_method", "POST") not in ("GET", "POST"):
+        raise bad("event_method", "must be GET or POST")
     data = {
         "uuid": str(uuid.uuid4()),
         "status": "started",

@@ -57,6 +57,8 @@ class ScriptedUas(asyncio.DatagramProtocol):
     rtp_came: asyncio.Event = field(default_factory=asyncio.Event)  # ten RTP packets came
     _transport: asyncio.DatagramTransport | None = None
     _rtp: asyncio.DatagramTransport | None = None
+    # callee -> the scripts its INVITEs play, one each in turn (the last one from then on)
+    plays: dict[str, list[str]] = field(default_factory=dict)
     _exchanges: dict[str, Exchange] = field(default_factory=dict)  # by Via branch
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -163,7 +165,11 @@ class ScriptedUas(asyncio.DatagramProtocol):
     async def _script(self, exchange: Exchange, addr: tuple[str, int]) -> None:
         self._answer(exchange, addr, 100, "Trying")
         callee = uri_user(exchange.invite.uri or "") or ""
+        queued = self.plays.get(callee)
+        if queued:
+            callee = queued.pop(0) if len(queued) > 1 else queued[0]
         script: Script = {
+            "busy": self._busy,
             "decline": self._decline,
             "challenge-401": self._challenge,
             "challenge-407": self._challenge,
@@ -193,6 +199,9 @@ class ScriptedUas(asyncio.DatagramProtocol):
     async def _ring(self, exchange: Exchange, addr: tuple[str, int]) -> None:
         """180, then nothing until a CANCEL (answered 200, and the INVITE 487)."""
         self._answer(exchange, addr, 180, "Ringing")
+
+    async def _busy(self, exchange: Exchange, addr: tuple[str, int]) -> None:
+        self._final(exchange, addr, 486, "Busy Here")
 
     async def _decline(self, exchange: Exchange, addr: tuple[str, int]) -> None:
         self._final(exchange, addr, 603, "Decline")

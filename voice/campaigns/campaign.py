@@ -72,6 +72,7 @@ def summary(campaign_id: str, meta: dict[str, str]) -> dict[str, Any]:
         "ended_at": _number(meta.get("ended_at")),
         **{k: spec.get(k) for k in ("name", "agent", "transport", "from", "concurrency")},
         **{k: spec.get(k) for k in ("window", "timezone", "retry", "machine_detection")},
+        **({"trunk": spec.get("trunk")} if spec.get("transport") == "sip" else {}),
         "progress": counts(meta),
     }
 

@@ -19,14 +19,16 @@ from voice.cluster.records import RegistryUnavailable
 from voice.cluster.store import REDIS_UNREACHABLE
 from voice.outbound.dialer import NotPlaceable, TooFast
 from voice.outbound.placed import DialError
-from voice.outbound.request import OutboundRequest
+from voice.outbound.request import BadRequest, OutboundRequest
+from voice.server.call_records import CallsFull
 
 if TYPE_CHECKING:
     from voice.campaigns.runner import CampaignRunner
 
 log = logging.getLogger(__name__)
 
-STATUS_PATH = "/twilio/status"
+STATUS_PATHS = {"twilio": "/twilio/status", "telnyx": "/telnyx/status", "vonage": "/vonage/status"}
+FULL_RETRY_S = 2.0  # a dial the cluster could not admit (full, draining) is due again then
 
 
 def call_metadata(claim: Claimed) -> dict[str, Any]:
@@ -44,12 +46,16 @@ def order_of(campaign: Campaign, claim: Claimed) -> OutboundRequest:
     head = campaign.head
     fields: dict[str, Any] = {
         "to": claim.to,
-        "from": head.from_,
         "agent": head.agent,
         "transport": head.transport,
         "metadata": call_metadata(claim),
         "machine_detection": head.machine_detection,
     }
+    for name, value in (("from", head.from_), ("trunk", head.trunk)):
+        if value is not None:
+            fields[name] = value
+    if head.ring_timeout_s is not None:
+        fields["ring_timeout_s"] = head.ring_timeout_s
     if campaign.voicemail_given:
         message = head.voicemail
         fields["voicemail"] = render(message, claim.variables) if message else message
@@ -57,12 +63,14 @@ def order_of(campaign: Campaign, claim: Claimed) -> OutboundRequest:
 
 
 def status_callback(campaign: Campaign, claim: Claimed) -> str | None:
-    """Where Twilio reports how this dial ended: Hotline's own route, naming the row and the
-    hold (so a late report of an earlier dial is told apart). None for other providers."""
-    if campaign.head.transport != "twilio":
+    """Where the provider reports how this dial ended: Hotline's own route, naming the row and
+    the hold (so a late report of an earlier dial is told apart). None over SIP (its calls end
+    in their records)."""
+    path = STATUS_PATHS.get(campaign.head.transport)
+    if path is None:
         return None
     query = {"campaign": claim.campaign_id, "row": claim.row, "claim": claim.token}
-    return f"{campaign.base_url.rstrip('/')}{STATUS_PATH}?{urlencode(query)}"
+    return f"{campaign.base_url.rstrip('/')}{path}?{urlencode(query)}"
 
 
 async def dial(runner: CampaignRunner, campaign: Campaign, claim: Claimed) -> None:
@@ -93,13 +101,17 @@ async def dial(runner: CampaignRunner, campaign: Campaign, claim: Claimed) -> No
     try:
         placed = await runner.dialer.place(order, campaign.base_url, voicemail, callback)
     except TooFast as exc:
-        runner.rate_until[order.transport] = now + exc.wait_s
+        runner.rate_until[runner.dialer.rate_key(order.transport, order.trunk)] = now + exc.wait_s
         await store.release(claim, now + exc.wait_s, "rate", now)
         return
     except RegistryUnavailable:
         await store.release(claim, now + 1.0, "redis", now)
         return
-    except (NotPlaceable, DialError) as exc:
+    except CallsFull as exc:  # a SIP call is admitted as it is placed: later, not failed
+        log.info("campaign %s: row %s: not now (%s)", claim.campaign_id, claim.row, exc.reason)
+        await store.release(claim, now + FULL_RETRY_S, "capacity", now)
+        return
+    except (NotPlaceable, DialError, BadRequest) as exc:  # BadRequest: a trunk gone since
         fields = {"error": str(exc)[:500]}
         await runner.settle(campaign, claim.row, claim.token, "failed", fields=fields)
         return

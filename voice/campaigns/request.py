@@ -23,7 +23,7 @@ from voice.campaigns.rules import RetryRules
 from voice.outbound.request import BadRequest, parse_request
 from voice.server.api import MAX_JSON_DEPTH, json_nesting
 
-CAMPAIGN_PROVIDERS = ("twilio", "telnyx", "vonage")  # not SIP yet: no outcome for its dials
+CAMPAIGN_PROVIDERS = ("twilio", "telnyx", "vonage", "sip")
 MAX_PROBLEMS = 20  # named in one refusal; the rest are counted
 MAX_VARIABLES = 32  # per row
 VARIABLES_BYTES = 3000  # of a row's variables as JSON (they ride in the call's 4 KB metadata)
@@ -61,7 +61,9 @@ class CampaignHead(BaseModel):
     name: str = Field(default="", max_length=200, description="A label, for people.")
     agent: str = Field(max_length=64)
     transport: str = Field(default="twilio", max_length=16)
-    from_: str = Field(alias="from", max_length=40)
+    from_: str | None = Field(default=None, alias="from", max_length=40)
+    trunk: str | None = Field(default=None, max_length=64, description="SIP only.")
+    ring_timeout_s: float | None = Field(default=None, description="SIP only.")
     concurrency: int = Field(default=5, ge=1, le=200, description="Calls at once, cluster-wide.")
     window: CallingHours = Field(default_factory=CallingHours)
     timezone: str = Field(default="UTC", description="For rows that name none.")
@@ -154,11 +156,14 @@ def _check_call(head: CampaignHead, voicemail_given: bool, agents: Collection[st
     """The campaign's calls as `POST /calls/outbound` would check one of them."""
     probe: dict[str, Any] = {
         "to": "+15550000000",
-        "from": head.from_,
         "agent": head.agent,
         "transport": head.transport,
         "machine_detection": head.machine_detection,
     }
+    for name in ("from", "trunk", "ring_timeout_s"):  # absent: as the request leaves it out
+        value = getattr(head, "from_" if name == "from" else name)
+        if value is not None:
+            probe[name] = value
     if voicemail_given:
         probe["voicemail"] = head.voicemail
     try:

@@ -29,6 +29,7 @@ from voice.campaigns.request import BadCampaign, CampaignSpec, parse_campaign
 from voice.campaigns.runner import CampaignRunner
 from voice.cluster.records import RegistryUnavailable
 from voice.cluster.store import REDIS_UNREACHABLE
+from voice.outbound.request import BadRequest
 from voice.server.api import error, read_body, read_json_body
 from voice.server.auth import require_token
 from voice.server.routes import switchboard
@@ -65,6 +66,20 @@ def _due_times(spec: CampaignSpec, now: float, offset: float) -> list[float]:
     return [opens[row.timezone] for row in spec.rows]
 
 
+def _sip_problem(runner: CampaignRunner, spec: CampaignSpec) -> str | None:
+    """Why this worker cannot dial the campaign over SIP (None: it can, or it is not SIP)."""
+    if spec.head.transport != "sip":
+        return None
+    sip = runner.dialer.sip
+    if sip is None:
+        return "transport: sip needs HOTLINE_SIP__ENABLED=true and HOTLINE_SIP__TRUNKS"
+    try:
+        sip.trunk(spec.head.trunk)
+    except BadRequest as exc:
+        return str(exc)
+    return None
+
+
 @campaigns_api.post("/campaigns", status_code=201, response_model=None)
 async def create_campaign(request: Request) -> JSONResponse:
     """Start a campaign: its rows are dialled by every worker's runner (see the module)."""
@@ -75,10 +90,13 @@ async def create_campaign(request: Request) -> JSONResponse:
         spec = await asyncio.to_thread(parse_campaign, body, agents, limit)
     except BadCampaign as exc:
         return error(exc.status, str(exc))
+    runner = _runner(request)
+    problem = _sip_problem(runner, spec)
+    if problem is not None:
+        return error(422, problem)
     now, offset = time.time(), settings.campaigns.clock_offset_s
     due = await asyncio.to_thread(_due_times, spec, now, offset)
     base = public_url(request, settings).split("?")[0].rsplit("/campaigns", 1)[0]
-    runner = _runner(request)
     try:
         campaign_id = await runner.store.create(spec, due, base)
     except REDIS_UNREACHABLE as exc:

@@ -29,6 +29,40 @@ TWILIO_UNANSWERED: Mapping[str, Outcome] = {
     "canceled": "failed",
 }
 
+# Telnyx's `call.hangup` `hangup_cause` (https://developers.telnyx.com/api-reference/callbacks/
+# call-hangup) in Twilio's words; any other cause (normal_clearing, time_limit, unspecified):
+# `completed`, and the call's record says whether it talked.
+TELNYX_HANGUP: Mapping[str, str] = {
+    "user_busy": "busy",
+    "timeout": "no-answer",
+    "no_answer": "no-answer",
+    "call_rejected": "failed",
+    "not_found": "failed",
+    "originator_cancel": "canceled",
+}
+
+# Vonage's event `status` (https://developer.vonage.com/en/voice/voice-api/webhook-reference#
+# event-webhook) in Twilio's words; the others (started, ringing, answered…) are not asked for.
+VONAGE_STATUS: Mapping[str, str] = {
+    "busy": "busy",
+    "timeout": "no-answer",
+    "unanswered": "no-answer",
+    "rejected": "failed",
+    "failed": "failed",
+    "cancelled": "canceled",
+    "completed": "completed",
+}
+
+# A SIP call's `outcome.cause` (voice/outbound/sip.py) when it never connected.
+SIP_UNANSWERED: Mapping[str, Outcome] = {
+    "busy": "busy",
+    "no_answer": "no_answer",
+    "rejected": "failed",
+    "failed": "failed",
+    "unreachable": "failed",
+    "cancelled": "failed",
+}
+
 
 class RetryRules(BaseModel):
     """How many times in all a row may be dialled when its last dial was busy, not answered or
@@ -50,9 +84,15 @@ class RetryRules(BaseModel):
         return min(self.backoff_s * 2.0 ** max(0, attempts - 1), MAX_BACKOFF_S)
 
 
-def outcome_of_record(answered_by: Mapping[str, object] | None) -> Outcome:
-    """An answered call's outcome from its record: `machine` when the machine detection said
-    so, else `answered` (a person, unknown, or no detection asked for)."""
+def outcome_of_record(
+    answered_by: Mapping[str, object] | None, outcome: Mapping[str, object] | None = None
+) -> Outcome:
+    """An ended call's outcome from its record: a SIP call that never connected by its cause
+    (`outcome`); else `machine` when the machine detection said so, else `answered` (a person,
+    unknown, or no detection asked for)."""
+    cause = outcome.get("cause") if outcome is not None else None
+    if isinstance(cause, str) and cause in SIP_UNANSWERED:
+        return SIP_UNANSWERED[cause]
     if answered_by is not None and answered_by.get("result") == "machine":
         return "machine"
     return "answered"

@@ -13,7 +13,8 @@ Each tick (`tick_s`, or at once when woken) it visits every live campaign:
   webhook is queued (by one worker).
 
 Outcomes (`settle`) come from the dial itself (refused, do-not-call), from the provider's
-status callback (`voice.campaigns.status`: busy, no answer, failed) or from the call record;
+status callback (`voice.campaigns.status`: busy, no answer, failed) or from the call record
+(over SIP every outcome: the record's `outcome.cause`, busy, no_answer, rejected…);
 retries are due after their backoff, moved into the callee's calling hours.
 
 Redis outages: the runner logs once, waits for the next tick and goes on; rows held by no one
@@ -175,7 +176,7 @@ class CampaignRunner:
             fields = {"end_reason": record.end_reason or record.state}
             if record.answered_by:
                 fields["answered_by"] = json.dumps(record.answered_by, separators=(",", ":"))
-            outcome = outcome_of_record(record.answered_by)
+            outcome = outcome_of_record(record.answered_by, record.outcome)
             await self.settle(campaign, row, token, outcome, fields=fields)
         elif data.get("provider_status") == "completed":
             error = "answered, but its media stream never started"
@@ -186,7 +187,8 @@ class CampaignRunner:
 
     async def _claim_some(self, campaign: Campaign, now: float) -> None:
         """Claim due rows within the concurrency and dial each in a task of its own."""
-        c, provider = campaign.campaign_id, campaign.head.transport
+        c, head = campaign.campaign_id, campaign.head
+        provider = self.dialer.rate_key(head.transport, head.trunk)  # SIP: the trunk's
         if self.rate_until.get(provider, 0.0) > now or await self.board.refusal() is not None:
             return
         free = campaign.head.concurrency - await self.store.in_flight(c)

@@ -15,7 +15,7 @@ from voice.cluster.registry import CallRegistry
 from voice.outbound.dials import Dial, DialBook
 from voice.outbound.placed import PlacedCall
 from voice.outbound.rate import ClusterCallRate
-from voice.outbound.request import OutboundRequest
+from voice.outbound.request import BadRequest, OutboundRequest
 from voice.outbound.sip import SipCalls
 from voice.outbound.streams import DIRECTION_PARAMETER, OUTBOUND_PARAMETER, token_subject
 from voice.outbound.telnyx import TelnyxCalls
@@ -72,7 +72,8 @@ class Dialer:
     ) -> PlacedCall:
         """Ask the provider to ring `order.to`; `base_url` is this server as the provider
         reaches it; `voicemail`: the agent's own message for a machine; `status_callback`:
-        where Twilio reports the call's end (else HOTLINE_OUTBOUND__STATUS_CALLBACK_URL).
+        where Twilio reports the call's end (else HOTLINE_OUTBOUND__STATUS_CALLBACK_URL), or
+        Telnyx and Vonage their call events (else the connection's, the application's).
         NotPlaceable, TooFast, RegistryUnavailable (Redis) or DialError (the provider) when
         the call is not placed."""
         if order.transport == "sip":
@@ -111,10 +112,21 @@ class Dialer:
         if self.sip is None:
             raise NotPlaceable("SIP calls need HOTLINE_SIP__ENABLED=true and HOTLINE_SIP__TRUNKS")
         trunk = self.sip.trunk(order.trunk)
-        wait_s = await self.rate.take(f"sip:{trunk.name}")
+        key = self.rate_key("sip", trunk.name)
+        wait_s = await self.rate.take(key)
         if wait_s is not None:
-            raise TooFast(f"sip:{trunk.name}", wait_s)
+            raise TooFast(key, wait_s)
         return await self.sip.place(order, trunk, voicemail)
+
+    def rate_key(self, transport: str, trunk: str | None = None) -> str:
+        """Whose calls per second a call counts against: its provider's, or over SIP its
+        trunk's (`trunk` None: the default trunk)."""
+        if transport != "sip" or self.sip is None:
+            return transport
+        try:
+            return f"sip:{self.sip.trunk(trunk).name}"
+        except BadRequest:  # a trunk that is not one: its dial fails anyway
+            return "sip"
 
     async def _create(
         self, dial: Dial, base_url: str, status_callback: str | None = None
@@ -126,14 +138,14 @@ class Dialer:
             return await self.twilio.create(dial.to, dial.from_, twiml, callback)
         stream_url = self.stream_url(dial, base_url)
         if dial.provider == "telnyx":
-            return await self.telnyx.create(dial.to, dial.from_, stream_url)
+            return await self.telnyx.create(dial.to, dial.from_, stream_url, status_callback)
         headers = {
             CALLER_PARAMETER: dial.from_,
             CALLEE_PARAMETER: dial.to,
             OUTBOUND_PARAMETER: dial.dial_id,
             DIRECTION_PARAMETER: "outbound",
         }
-        return await self.vonage.create(dial.to, dial.from_, stream_url, headers)
+        return await self.vonage.create(dial.to, dial.from_, stream_url, headers, status_callback)
 
     def _check(self, order: OutboundRequest) -> None:
         needs = {

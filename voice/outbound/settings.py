@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 from pipeline.answering.screening import ScreeningSettings
 
@@ -20,5 +20,10 @@ class OutboundSettings(BaseModel):
     answer_within_s: float = Field(default=120.0, gt=0)
     # Where the provider posts the call's progress (Twilio `StatusCallback`), if anywhere.
     status_callback_url: str | None = None
+    # What checks the providers' signatures on the call events of campaign calls
+    # (voice/campaigns/status.py): Telnyx's public key (base64, Mission Control: Keys &
+    # Credentials) and Vonage's signature secret (the Dashboard's account settings).
+    telnyx_public_key: str | None = None
+    vonage_signature_secret: SecretStr | None = None
     # Answering-machine detection on calls placed with machine_detection (pipeline/answering/).
     answering: ScreeningSettings = Field(default_factory=ScreeningSettings)

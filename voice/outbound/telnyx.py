@@ -6,8 +6,9 @@ https://developers.telnyx.com/docs/voice/programmable-voice/media-streaming):
 Call Control app), `to`, `from`, and the media stream Hotline answers for inbound calls too:
 `stream_url` (wss://…/telnyx/stream, with the stream token and the dial id in its query),
 `stream_track` `inbound_track`, `stream_bidirectional_mode` `rtp` and
-`stream_bidirectional_codec` `PCMU`. Telnyx answers 200 `{"data": {"call_control_id", …}}`;
-errors as `{"errors": [{"code", "title", "detail"}]}`.
+`stream_bidirectional_codec` `PCMU`; for a campaign's call `webhook_url` (where its call
+events, `call.hangup` among them, go: voice/campaigns/status.py). Telnyx answers 200
+`{"data": {"call_control_id", …}}`; errors as `{"errors": [{"code", "title", "detail"}]}`.
 
 Never retried (a second Dial rings twice); the API key is never logged nor put in a message.
 """
@@ -40,9 +41,12 @@ class TelnyxCalls:
         key = self.settings.telnyx_api_key
         return bool(key and key.get_secret_value()) and bool(self.settings.telnyx_connection_id)
 
-    async def create(self, to: str, from_: str, stream_url: str) -> PlacedCall:
-        """Ask Telnyx to ring `to` from `from_` and stream the answered call to `stream_url`;
-        DialError if it did not take the call."""
+    async def create(
+        self, to: str, from_: str, stream_url: str, webhook_url: str | None = None
+    ) -> PlacedCall:
+        """Ask Telnyx to ring `to` from `from_` and stream the answered call to `stream_url`
+        (its call events to `webhook_url`, else the connection's); DialError if it did not
+        take the call."""
         if not self.configured:
             raise DialError(
                 "Telnyx is not configured: set HOTLINE_CALL_CONTROL__TELNYX_API_KEY and "
@@ -61,6 +65,8 @@ class TelnyxCalls:
             "stream_bidirectional_mode": "rtp",
             "stream_bidirectional_codec": "PCMU",
         }
+        if webhook_url is not None:
+            body |= {"webhook_url": webhook_url, "webhook_url_method": "POST"}
         what = f"telnyx call to {to}"
         response = await post_create(
             self._client,

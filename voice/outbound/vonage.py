@@ -8,9 +8,9 @@ transfers), JSON: `to` `[{"type": "phone", "number"}]` and `from` `{"type": "pho
 media stream Hotline answers for inbound calls too: one `websocket` endpoint, `uri`
 wss://…/vonage/stream (the stream token and dial id in its query), `content-type`
 `audio/l16;rate=16000`, and `headers` (the numbers and the dial id), which Vonage echoes in its
-first websocket message. Vonage answers 201 `{"uuid", "status": "started", "direction":
-"outbound", "conversation_uuid"}`; errors in RFC 7807 form (`title`, `detail`,
-`invalid_parameters`).
+first websocket message; for a campaign's call `event_url` (voice/campaigns/status.py).
+Vonage answers 201 `{"uuid", "status": "started", "direction": "outbound",
+"conversation_uuid"}`; errors in RFC 7807 form (`title`, `detail`, `invalid_parameters`).
 
 The websocket leg cannot name the call (its headers were written before the call had a uuid),
 so the call's id is the `uuid` Vonage answered with, kept with the dial. Never retried; the JWT
@@ -45,10 +45,16 @@ class VonageCalls:
         return self.control.supports("vonage")
 
     async def create(
-        self, to: str, from_: str, stream_url: str, headers: dict[str, str]
+        self,
+        to: str,
+        from_: str,
+        stream_url: str,
+        headers: dict[str, str],
+        event_url: str | None = None,
     ) -> PlacedCall:
         """Ask Vonage to ring `to` from `from_` and connect the answered call to `stream_url`
-        (with `headers`); DialError if it did not take the call."""
+        (with `headers`), its events to `event_url` (else the application's); DialError if
+        it did not take the call."""
         if not self.configured:
             raise DialError(
                 "Vonage is not configured: set HOTLINE_CALL_CONTROL__VONAGE_APPLICATION_ID and "
@@ -66,6 +72,8 @@ class VonageCalls:
             "from": {"type": "phone", "number": from_.removeprefix("+")},
             "ncco": [{"action": "connect", "endpoint": [{**endpoint, "headers": headers}]}],
         }
+        if event_url is not None:
+            body |= {"event_url": [event_url], "event_method": "POST"}
         url = f"{self.control.settings.vonage_api_url.rstrip('/')}/v1/calls"
         response = await post_create(
             self._client,

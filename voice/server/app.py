@@ -273,7 +273,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(outbound_api)  # before calls_api: /calls/outbound is not a call id
     app.include_router(campaigns_api)
     app.include_router(campaigns_page)
-    app.include_router(status_api)  # Twilio's status callback for campaign calls
+    app.include_router(status_api)  # Twilio's and Telnyx's call ends for campaign calls
     app.include_router(calls_api)
     app.include_router(calls_live_api)
     app.include_router(recordings_api)
