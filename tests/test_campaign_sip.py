@@ -8,20 +8,24 @@ is hung up through the API. Waits are polls with deadlines; no latency is assert
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from tests.support.poll import until
 from tests.support.redis_server import RedisServer
 from tests.support.scripted_uas import ScriptedUas
 from tests.support.server import Server, free_port, start_server, stop_server
+from voice.cli.main import app as cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -136,10 +140,16 @@ async def test_a_sip_campaign_retries_busy_fails_a_decline_and_gives_up_on_no_an
     assert len(uas.requests("CANCEL")) == 1
 
 
-async def test_sip_campaigns_name_a_trunk_that_is_one(dialler: Dialler) -> None:
+async def test_sip_campaigns_name_a_trunk_that_is_one(dialler: Dialler, tmp_path: Path) -> None:
     wrong = await api(dialler.server, "POST", "/campaigns", campaign_body(trunk="nope"))
     assert wrong.status_code == 422, wrong.text
     assert "no trunk 'nope'" in wrong.json()["error"]
     twilio = await api(dialler.server, "POST", "/campaigns", campaign_body(transport="twilio"))
     assert twilio.status_code == 422
     assert "trunk: only with transport sip" in twilio.text
+    csv = tmp_path / "calls.csv"
+    csv.write_text("to\n+15550300001\n")
+    argv = ["campaign", "run", str(csv), "--agent", "reminder", "--transport", "sip"]
+    argv += ["--trunk", "nope", "--url", dialler.server.url]
+    said = await asyncio.to_thread(CliRunner().invoke, cli, argv)  # no --from: the trunk's
+    assert said.exit_code != 0 and "no trunk 'nope'" in said.output, said.output

@@ -55,8 +55,16 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 def run_command(
     file: Annotated[Path, typer.Argument(help="CSV: to, timezone, and variables as columns")],
     agent: Annotated[str, typer.Option(help="The agent that talks (an agent file's name)")],
-    from_: Annotated[str, typer.Option("--from", help="The caller id: your provider's number")],
-    transport: Annotated[str, typer.Option(help="The provider: twilio, telnyx, vonage")] = "twilio",
+    from_: Annotated[
+        str | None,
+        typer.Option("--from", help="The caller id: your provider's number (SIP: the trunk's)"),
+    ] = None,
+    transport: Annotated[
+        str, typer.Option(help="The provider: twilio, telnyx, vonage, or sip")
+    ] = "twilio",
+    trunk: Annotated[
+        str | None, typer.Option(help="SIP: the trunk (HOTLINE_SIP__TRUNKS; the first)")
+    ] = None,
     name: Annotated[str, typer.Option(help="A label for people")] = "",
     concurrency: Annotated[int, typer.Option(help="Calls at once, cluster-wide")] = 5,
     window: Annotated[str, typer.Option(help="Calling hours, the callee's: HH:MM-HH:MM")] = (
@@ -79,7 +87,6 @@ def run_command(
         "name": name,
         "agent": agent,
         "transport": transport,
-        "from": from_,
         "concurrency": concurrency,
         "window": {"start": start.strip(), "end": end.strip()},
         "timezone": timezone,
@@ -92,8 +99,8 @@ def run_command(
         "machine_detection": machine_detection,
         "rows": read_rows(file),
     }
-    if voicemail is not None:
-        body["voicemail"] = voicemail
+    optional = {"from": from_, "trunk": trunk, "voicemail": voicemail}
+    body |= {key: value for key, value in optional.items() if value is not None}
     with one_line_errors(url):
         response = _api("POST", url, "/campaigns", token, body)
     made = response.json()
