@@ -88,8 +88,7 @@ class LLMClient:
             timeout=openai.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
             max_retries=settings.max_retries,
         )
-        # The SDK imports its chat resources on first use (35 ms idle, three times that on a
-        # busy machine): here at start-up, not on the event loop during the first caller's turn.
+        # Loaded now, not on the loop in the first caller's turn (the SDK's lazy import: 35 ms+).
         _ = self._openai.responses if settings.api == "responses" else self._openai.chat.completions
 
     def stream(

@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import threadpoolctl
@@ -105,6 +106,55 @@ def agent_directory(settings: Settings) -> AgentDirectory:
     return load_agents(Path(settings.agents.dir), settings.agents.default)
 
 
+async def _warm_up(models: list[Any]) -> None:
+    """Run each model once (each one once, however many settings share it), so the first
+    caller does not pay for first-use setup."""
+    distinct = {id(model): model for model in models}.values()
+    await asyncio.gather(*(asyncio.to_thread(model.warm_up) for model in distinct))
+
+
+async def _llm_router(settings: Settings, stack: contextlib.AsyncExitStack) -> TierRouter:
+    """The tiers' clients, on the configured provider or else the embedded simulator."""
+    base_url = settings.llm.base_url
+    if base_url is None:
+        base_url = await stack.enter_async_context(running_simulator(settings.simulator))
+        log.warning(
+            "LLM replies are SIMULATED by Hotline's tier simulator at %s. For a real provider "
+            "set HOTLINE_LLM__BASE_URL, HOTLINE_LLM__API_KEY and HOTLINE_LLM__MODEL.",
+            base_url,
+        )
+    controller = Controller(settings.controller, clock=time.monotonic)
+    router = TierRouter(settings.llm, controller, base_url=base_url)
+    stack.push_async_callback(router.aclose)
+    return router
+
+
+async def _call_registry(
+    settings: Settings, stack: contextlib.AsyncExitStack
+) -> tuple[CallRegistry, WorkerInfo]:
+    """This worker in the cluster's Redis (or the embedded one), and the registry of calls."""
+    worker = WorkerInfo(
+        f"{socket.gethostname()}-{os.getpid()}",
+        address=settings.internal_url or _internal_url(settings.host, settings.port),
+        capacity=settings.max_calls,
+    )
+    sessions = await CallRegistry.open(settings.session_settings(), worker)
+    await sessions.start()
+    stack.push_async_callback(sessions.close)
+    return sessions, worker
+
+
+def _recordings(
+    settings: Settings, worker_id: str, stack: contextlib.AsyncExitStack
+) -> CallRecordings:
+    """Call recording, and its retention task."""
+    recordings = CallRecordings(settings.recordings, worker_id)
+    stack.callback(recordings.shutdown)  # after the calls: their files are closed first
+    retention = asyncio.create_task(recordings.store.run_retention(), name="retention")
+    stack.callback(retention.cancel)
+    return recordings
+
+
 def _webhook_outbox(
     settings: Settings,
     sessions: CallRegistry,
@@ -192,39 +242,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             signing_secret=signing.get_secret_value().encode() if signing is not None else None,
         )
         if settings.warm_up:
-            models = {id(m): m for m in (stt, phone_stt)}.values()  # one warm-up per model
-            await asyncio.gather(
-                *(asyncio.to_thread(m.warm_up) for m in models),
-                *(asyncio.to_thread(voice.warm_up) for voice in agents.voices()),
-                *([asyncio.to_thread(turns.warm_up)] if turns is not None else []),
-            )
-        base_url = settings.llm.base_url
-        if base_url is None:
-            base_url = await stack.enter_async_context(running_simulator(settings.simulator))
-            log.warning(
-                "LLM replies are SIMULATED by Hotline's tier simulator at %s. For a real provider "
-                "set HOTLINE_LLM__BASE_URL, HOTLINE_LLM__API_KEY and HOTLINE_LLM__MODEL.",
-                base_url,
-            )
-        controller = Controller(settings.controller, clock=time.monotonic)
-        router = TierRouter(settings.llm, controller, base_url=base_url)
-        stack.push_async_callback(router.aclose)
-        worker = WorkerInfo(
-            f"{socket.gethostname()}-{os.getpid()}",
-            address=settings.internal_url or _internal_url(settings.host, settings.port),
-            capacity=settings.max_calls,
-        )
-        sessions = await CallRegistry.open(settings.session_settings(), worker)
-        await sessions.start()
-        stack.push_async_callback(sessions.close)
+            await _warm_up([stt, phone_stt, *agents.voices(), *([turns] if turns else [])])
+        router = await _llm_router(settings, stack)
+        sessions, worker = await _call_registry(settings, stack)
         outbox = _webhook_outbox(settings, sessions, tool_client, worker.worker_id, stack)
         metrics.watch_queues(
             [stt.scheduler, phone_stt.scheduler], [voice.scheduler for voice in agents.voices()]
         )
-        recordings = CallRecordings(settings.recordings, worker.worker_id)
-        stack.callback(recordings.shutdown)  # after the calls: their files are closed first
-        retention = asyncio.create_task(recordings.store.run_retention(), name="retention")
-        stack.callback(retention.cancel)
+        recordings = _recordings(settings, worker.worker_id, stack)
         tracer = TurnTracer(settings.tracing)
         stack.push_async_callback(asyncio.to_thread, tracer.shutdown)
         switchboard = Switchboard(
