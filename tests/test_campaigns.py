@@ -180,7 +180,7 @@ def start_thirty(b: Server, twilio: CampaignTwilio) -> str:
             added = await client.post(f"{b.url}/dnc", json={"numbers": [number(20)]})
             assert added.status_code == 200
 
-    twilio.before_create[number(20)] = list_20
+    twilio.on_placed[number(20)] = list_20
     rows = [row(i, NIGHT.get(i) or DAY[i % 3]) for i in range(30)]
     rows[0]["variables"] |= {"name": "Ada", "appointment_time": "3 pm"}
     rows[1]["variables"] |= {"name": "Grace", "appointment_time": "10 am"}

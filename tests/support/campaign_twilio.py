@@ -58,7 +58,8 @@ class CampaignTwilio(OutboundApis):
     """`script[number]`: what each dial of it comes to, in order (the last one repeats)."""
 
     script: dict[str, list[str]] = field(default_factory=dict)
-    before_create: dict[str, Callable[[], Awaitable[None]]] = field(default_factory=dict)
+    # run once a call to that number is placed (before it rings), not for a create that died
+    on_placed: dict[str, Callable[[], Awaitable[None]]] = field(default_factory=dict)
     create_delay_s: float = 0.0  # Twilio's create takes this long to answer
     calls: list[RungCall] = field(default_factory=list)
     pending: set[int] = field(default_factory=set)  # client ports of creates being answered
@@ -72,9 +73,6 @@ class CampaignTwilio(OutboundApis):
     async def _create(self, request: Request) -> Response:
         form = dict(parse_qsl((await request.body()).decode()))
         to = form.get("To", "")
-        hook = self.before_create.pop(to, None)
-        if hook is not None:
-            await hook()
         port = request.client.port if request.client else 0
         self.pending.add(port)
         try:
@@ -93,6 +91,10 @@ class CampaignTwilio(OutboundApis):
                 call = RungCall(sid, to, time.time(), plan[min(done, len(plan) - 1)], None)
                 call.callback = form.get("StatusCallback")
                 self.calls.append(call)
+            # Only for a call that was placed: a create whose worker died on the way is none.
+            hook = self.on_placed.pop(to, None)
+            if hook is not None:
+                await hook()
             task = asyncio.create_task(self._ring(call, form))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
