@@ -93,13 +93,16 @@ async def test_each_sentence_goes_out_whole_and_opens_with_its_own_audio() -> No
     end = stream.play(tone(200))
     async with asyncio.timeout(5):
         await stream.wait_sent(end)
-    frames = [
-        mulaw_decode(base64.b64decode(json.loads(m)["media"]["payload"]))
-        for m in socket.sent
-        if json.loads(m)["event"] == "media"
-    ]
+    sent = np.concatenate(
+        [
+            mulaw_decode(base64.b64decode(json.loads(m)["media"]["payload"]))
+            for m in socket.sent
+            if json.loads(m)["event"] == "media"
+        ]
+    )
+    frames = np.split(sent, len(sent) // 160)  # 20 ms frames
     loud = [rms(frame) > 1000 for frame in frames]
-    assert len(frames) == 25  # 300 ms, then 200 ms, in 20 ms frames
+    assert len(sent) == 25 * 160  # 300 ms, then 200 ms
     assert loud == [True] * 10 + [False] * 5 + [True] * 10
     await stream.close()
 
@@ -116,15 +119,15 @@ class TimedSocket(RecordingSocket):
         await super().send_text(message)
 
 
-def test_reply_audio_is_paced_never_more_than_the_lead_and_a_frame_ahead() -> None:
+def test_reply_audio_is_paced_never_more_than_the_lead_and_a_message_ahead() -> None:
     """On the server's event loop (uvloop, whose timers fire up to a millisecond early): the
-    first frames go at once, up to the lead; then each frame no earlier than `lead_s` and one
-    frame before it plays, and every frame goes."""
+    first frames go at once, up to the lead; then each message (Twilio's: five 20 ms frames) no
+    earlier than `lead_s` and one frame before its first frame plays, and every frame goes."""
     import uvloop
 
-    lead_s, frame_s = 0.1, 0.02
+    lead_s, frame_s, frame_bytes = 0.1, 0.02, 160
 
-    async def play() -> list[float]:
+    async def play() -> list[tuple[float, int]]:
         protocol = TwilioProtocol()
         protocol.stream_sid = "MZ1"
         start = Start(call_id="CA1", stream_id="MZ1", caller=None, callee=None)
@@ -134,15 +137,22 @@ def test_reply_audio_is_paced_never_more_than_the_lead_and_a_frame_ahead() -> No
         async with asyncio.timeout(10):
             await stream.wait_sent(end)
         await stream.close()
-        kinds = [json.loads(m)["event"] for m in socket.sent]
-        return [t for t, kind in zip(socket.times, kinds, strict=True) if kind == "media"]
+        sent = [(t, json.loads(m)) for t, m in zip(socket.times, socket.sent, strict=True)]
+        return [
+            (t, len(base64.b64decode(m["media"]["payload"])))
+            for t, m in sent
+            if m["event"] == "media"
+        ]
 
-    times = uvloop.run(play())
-    assert len(times) == 50
-    first = times[0]
-    for index, sent in enumerate(times):
-        plays_at = first + index * frame_s
+    messages = uvloop.run(play())
+    sizes = [size for _, size in messages]
+    assert sum(sizes) == 8000 and max(sizes) == 5 * frame_bytes  # 1 s, in messages of 100 ms
+    assert all(size % frame_bytes == 0 for size in sizes)
+    first, frames = messages[0][0], 0
+    for index, (sent, size) in enumerate(messages):
+        plays_at = first + frames * frame_s
         assert sent >= plays_at - lead_s - frame_s - 0.002, index
+        frames += size // frame_bytes
 
 
 # -- over a real socket ------------------------------------------------------------------------

@@ -49,6 +49,7 @@ class JsonMediaProtocol(ABC):
     name: str
     wire_rate: int
     frame_samples: int
+    frames_per_message: int
     supports_marks: bool
 
     media_format_field: ClassVar[str]  # the object in `start` that names encoding and rate

@@ -3,8 +3,9 @@ wire protocol.
 
 The protocol module turns websocket messages into events and back; this module owns the
 socket, resampling (a `soxr` stream for the caller's audio, each reply sentence whole, so that
-none of it waits for the next), real-time pacing of reply audio (never more than `lead_s` and a
-frame ahead of playback, so that a `clear` silences the phone at once) and the played position:
+none of it waits for the next), real-time pacing of reply audio (never more than `lead_s` and one
+message ahead of playback, so that a `clear` silences the phone at once; a message carries up to
+the protocol's `frames_per_message` 20 ms frames) and the played position:
 a mark every 200 ms of reply audio and after each sentence, echoed by the provider when the phone
 has played it, says how much of the reply the caller heard.
 
@@ -317,24 +318,38 @@ class PhoneStream:
                 if due > now + _SEND_EARLY_S:
                     await asyncio.sleep(due - now - _SEND_EARLY_S / 2)
                     continue  # the outbox may have been cleared meanwhile
-                self._outbox.popleft()
-                self._in_flight.append(item)  # before the send: a pause meanwhile resends it
+                frames = self._next_frames()
+                self._in_flight.extend(frames)  # before the send: a pause meanwhile resends them
                 epoch = self._epoch
-                await self._send(self.protocol.media(item.pcm))
+                pcm = frames[0].pcm if len(frames) == 1 else np.concatenate([f.pcm for f in frames])
+                await self._send(self.protocol.media(pcm))
                 if epoch != self._epoch:
                     continue  # cleared or paused while it went: not counted as sent
-                plays_at = self._burst_start + self._burst_frames * _FRAME_S
-                self.activity.in_use(plays_at + _FRAME_S)  # the caller listens until then
-                self._burst_frames += 1
-                self._sent = item.end
-                self._slots.append((plays_at + _FRAME_S, item.end))
-                self.taps.heard(item.source, plays_at)
+                for frame in frames:
+                    plays_at = self._burst_start + self._burst_frames * _FRAME_S
+                    self.activity.in_use(plays_at + _FRAME_S)  # the caller listens until then
+                    self._burst_frames += 1
+                    self._sent = frame.end
+                    self._slots.append((plays_at + _FRAME_S, frame.end))
+                    self.taps.heard(frame.source, plays_at)
                 self._sent_waiters.reach(self._sent)
         except TimeoutError:
             self._stopped_reading_for(f"a send blocked for {self.send_timeout_s:.0f} s")
         except (WebSocketDisconnect, RuntimeError) as exc:
             log.info("call %s: stopped sending (%s)", self.call_id, exc)
             self.hang_up("socket closed")
+
+    def _next_frames(self) -> list[Frame]:
+        """The frames at the head of the outbox that go in one media message: the first is
+        due, the others follow it at once (at most `frames_per_message`, none past a mark)."""
+        frames: list[Frame] = []
+        while self._outbox and len(frames) < self.protocol.frames_per_message:
+            item = self._outbox[0]
+            if not isinstance(item, Frame):
+                break
+            frames.append(item)
+            self._outbox.popleft()
+        return frames
 
     async def _send(self, message: str | bytes) -> None:
         async with asyncio.timeout(self.send_timeout_s):

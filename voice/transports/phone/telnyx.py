@@ -35,6 +35,8 @@ class TelnyxProtocol(JsonMediaProtocol):
     name = "telnyx"
     wire_rate = 8000
     frame_samples = 160
+    # Telnyx takes RTP media of 20 ms to 30 s per message; one of 100 ms is a fifth of them.
+    frames_per_message = 5
     supports_marks = True
 
     media_format_field = "media_format"

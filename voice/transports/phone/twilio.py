@@ -45,6 +45,8 @@ class TwilioProtocol(JsonMediaProtocol):
     name = "twilio"
     wire_rate = 8000
     frame_samples = 160
+    # Twilio plays a media message of any length; one of 100 ms is a fifth of the messages.
+    frames_per_message = 5
     supports_marks = True
 
     media_format_field = "mediaFormat"

@@ -45,6 +45,8 @@ class VonageProtocol:
     name = "vonage"
     wire_rate = 16_000
     frame_samples = 320
+    # Vonage takes exactly 20 ms per binary message.
+    frames_per_message = 1
     supports_marks = True
 
     def __init__(self) -> None:

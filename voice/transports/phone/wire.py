@@ -82,12 +82,13 @@ class WireProtocol(Protocol):
     """One call's side of a provider's websocket protocol, driven by a websocket transport.
 
     `parse` keeps per-stream state (started, stream id, reordering); outbound audio is int16 at
-    `wire_rate`, one message per `frame_samples` (20 ms) or fewer.
+    `wire_rate`, in messages of `frame_samples` (20 ms) up to `frames_per_message` times that.
     """
 
     name: str
     wire_rate: int
     frame_samples: int
+    frames_per_message: int
     supports_marks: bool
 
     def parse(self, message: str | bytes) -> list[WireEvent]: ...
