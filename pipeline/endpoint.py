@@ -92,7 +92,14 @@ def leaves_hanging(text: str) -> bool:
     if text[-1] in ",;:-–—…" or text.endswith(".."):
         return True
     words = _WORD.findall(text.lower().replace("’", "'"))
-    return bool(words) and (words[-1] in HANGING or words[-1] in FILLERS)
+    return bool(words) and (_hangs(text, words[-1]) or words[-1] in FILLERS)
+
+
+def _hangs(text: str, last_word: str) -> bool:
+    """Whether the last word leaves the sentence hanging. Not in a question: English ends one on
+    a preposition or a verb ("Which folder should I save the message to?", "Do you know where
+    it is?"), and Whisper writes the question mark only when it heard a question's end."""
+    return last_word in HANGING and not text.endswith("?")
 
 
 def sounds_finished(text: str) -> bool:
@@ -105,4 +112,4 @@ def sounds_finished(text: str) -> bool:
     words = _WORD.findall(text.lower().replace("’", "'"))
     if all(word in OPENERS or word in FILLERS for word in words):  # none, or "Okay, thanks."
         return False
-    return words[-1] not in HANGING and words[-1] not in FILLERS
+    return not _hangs(text, words[-1]) and words[-1] not in FILLERS

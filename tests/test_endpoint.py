@@ -16,6 +16,8 @@ FINISHED = [
     "I'd like to book a table for two people tonight.",
     "Well, let me see, maybe around 730.",
     "Where are you from?",  # a preposition may end a question
+    "Which folder should I save the message to?",  # Asterisk's Allison: a human question
+    "Do you know where it is?",  # so may a verb
     "I can't hear you.",
     '"Cancel my order."',  # closing quotes and brackets are not the end of the words
     "Sure, go ahead, I'm listening. ",
@@ -35,6 +37,7 @@ UNFINISHED = [
     # the last word leaves the sentence hanging
     "I would like to book a table for.",
     "My number is.",
+    "My number is, um?",  # a hesitation is one, question or not
     "I need a taxi and.",
     "Can you send it to the.",
     "Please charge it to my.",
