@@ -4,20 +4,22 @@ A voice loads once per process (`TextToSpeech.shared`) and every call shares it.
 runs in the voice's own worker thread(s), never on the event loop, and piper's lazy chunk
 generator is consumed there.
 
-Concurrency on a small CPU: by default one synthesis runs at a time using every core
-(onnxruntime intra-op threads = cores), the others wait in line. Measured on 2 cores with
-15-word sentences, that gives the best latency when one call speaks (about 110 ms vs 155 ms
-with one thread per synthesis) and a mean about as good when 2-4 calls speak at once; letting
-two syntheses share the cores, each with all of them, was up to twice as slow. Thread spinning
-is off so an idle voice leaves the cores to speech recognition. A synthesis still waiting in
-line when its caller is cancelled (barge-in) never runs; one already running finishes and its
-audio is dropped. A reply's first chunk waits ahead of later sentences (`urgent`): with eight
-callers answered at once, the later sentences have seconds of slack, the first none; a later
-sentence goes ahead too once the audio before it is about to run out (pipeline/scheduling.py).
-
-Two syntheses at once, each on one thread (`threads=1, parallel=2`) did better under load
-(README "Latency under load") but each long sentence being synthesized holds 180-250 MB of
-onnxruntime's intermediate tensors: 200 MB more at the peak with 24 calls.
+Concurrency on a small CPU: by default two syntheses run at once, each on one onnxruntime
+intra-op thread (`threads=1, parallel=2`); the others wait in line. One synthesis using every core
+(`threads=0, parallel=1`, the default until 2026-12-05) starts a lone reply's first chunk about
+30 ms sooner (15-word sentences on 2 cores: 110 vs 155 ms), but splitting one run over two threads
+costs CPU (0.065 against 0.060 CPU-s per second of speech) and makes every other call's sentence
+wait for it: at 24 calls on 2 cores (`hotline bench`, realistic replies, one run each on the same
+machine within the hour) two at once gave playback gaps in 2 and 0 of 96 turns against 22-32,
+voice-to-voice p50 720-820 against 960-1100 ms, 3.8-3.9 CPU-s per call-minute against 4.4. Each
+run holds its intermediate tensors in onnxruntime's arena (about 125 MB for a 90-character
+sentence), so two at once cost memory: 926 MB at the 24-call peak, 867 MB with malloc's heaps
+capped (`voice/server/malloc.py`). Thread spinning is off so an idle voice leaves the cores to
+speech recognition. A synthesis still waiting in line when its caller is cancelled (barge-in)
+never runs; one already running finishes and its audio is dropped. A reply's first chunk waits
+ahead of later sentences (`urgent`): with eight callers answered at once, the later sentences
+have seconds of slack, the first none; a later sentence goes ahead too once the audio before it
+is about to run out (pipeline/scheduling.py).
 """
 
 from __future__ import annotations
@@ -69,9 +71,10 @@ class TTSSettings(BaseModel):
     # Output gain after peak normalisation (1.0 = full scale).
     volume: float = Field(default=1.0, gt=0)
     # onnxruntime intra-op threads per synthesis; 0 = one per core.
-    threads: int = Field(default=0, ge=0)
-    # Syntheses that run at once in this process for this voice; the rest wait in line.
-    parallel: int = Field(default=1, ge=1)
+    threads: int = Field(default=1, ge=0)
+    # Syntheses that run at once in this process for this voice; the rest wait in line. Each
+    # holds its own working memory (about 125 MB for a long sentence).
+    parallel: int = Field(default=2, ge=1)
 
 
 def voice_files(voice: str) -> tuple[Path, Path]:

@@ -101,8 +101,10 @@ def serve(
 ) -> None:
     """Run the server: softphone page at /, WebRTC offers at /offer."""
     from voice.server.app import create_app
+    from voice.server.malloc import limit_arenas
     from voice.server.settings import Settings
 
+    limit_arenas()  # before any thread starts
     setup_logging(log_level)
     overrides: dict[str, object] = {}
     if host is not None:
