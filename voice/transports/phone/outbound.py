@@ -4,9 +4,17 @@ sentence), named `hotline-N`, and one every 200 ms inside it, named `hotline-N-p
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from pipeline.transport import PCM
+
+# A mark every 200 ms of reply audio as well as at each sentence's end: the played position
+# (what the caller heard, where a paused reply resumes) is known to within that, not only at
+# sentence ends. Twilio echoes each one as the phone plays it: five small messages a second.
+MARK_EVERY_FRAMES = 10
 
 
 @dataclass
@@ -35,3 +43,35 @@ def renamed(mark: Mark, number: int) -> Mark:
 def end_of(item: Frame | Mark) -> int:
     """The outbound position after `item`."""
     return item.end if isinstance(item, Frame) else item.position
+
+
+def piece_items(
+    pcm: PCM, wire: PCM, frame_samples: int, start: int, marks: int | None
+) -> list[Frame | Mark]:
+    """One piece of reply audio (`pcm` at 16 kHz, `wire` the same at the wire rate) as frames of
+    `frame_samples`, the last padded, from outbound position `start`; unless `marks` is None, a
+    mark every `MARK_EVERY_FRAMES` frames and at its end, numbered from `marks` + 1."""
+    count = -(-len(wire) // frame_samples)
+    frames = np.zeros(count * frame_samples, dtype=np.int16)
+    frames[: len(wire)] = wire
+    items: list[Frame | Mark] = []
+    after = start
+    for index in range(count):
+        chunk = frames[index * frame_samples : (index + 1) * frame_samples]
+        end = start + round((index + 1) * pcm.size / count)
+        items.append(Frame(chunk, end, pcm[after - start : end - start]))
+        after = end
+        last = index + 1 == count
+        if marks is not None and (last or (index + 1) % MARK_EVERY_FRAMES == 0):
+            marks += 1
+            items.append(Mark(mark_name(marks, last), end))
+    return items
+
+
+def take_frames(outbox: deque[Frame | Mark], most: int) -> list[Frame]:
+    """The frames at the head of `outbox` (taken off it) that go in one media message: at most
+    `most`, none past a mark."""
+    frames: list[Frame] = []
+    while outbox and len(frames) < most and isinstance(outbox[0], Frame):
+        frames.append(outbox.popleft())  # type: ignore[arg-type]
+    return frames

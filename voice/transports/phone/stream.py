@@ -47,7 +47,14 @@ from pipeline.transport import (
 from voice.audio import StreamResampler, resample
 from voice.transports.activity import LineActivity
 from voice.transports.phone.opening import BadMessages, receive, wait_for_start
-from voice.transports.phone.outbound import Frame, Mark, end_of, mark_name, renamed
+from voice.transports.phone.outbound import (
+    Frame,
+    Mark,
+    end_of,
+    piece_items,
+    renamed,
+    take_frames,
+)
 from voice.transports.phone.pump import pump
 from voice.transports.phone.wire import Dtmf as WireDtmf
 from voice.transports.phone.wire import (
@@ -70,10 +77,6 @@ _FRAME_S = 0.02
 # complete this long, means the client stopped reading: it is hung up rather than left to hold
 # the line and the reply's memory.
 SEND_TIMEOUT_S = 5.0
-# A mark every 200 ms of reply audio as well as at each sentence's end: the played position
-# (what the caller heard, where a paused reply resumes) is known to within that, not only at
-# sentence ends. Twilio echoes each one as the phone plays it: five small messages a second.
-MARK_EVERY_FRAMES = 10
 # A frame may go out this much before it is due, and the pacing loop wakes half of it early: a
 # timer that fires early (uvloop's round down to the millisecond and keep the loop's cached
 # time) still sends its frame. Re-sleeping the rest of the millisecond spun the loop about 20
@@ -186,21 +189,11 @@ class PhoneStream:
         if pcm.size == 0 or self._closed:
             return self._queued
         wire = resample(pcm, SAMPLE_RATE, self.protocol.wire_rate)  # whole: nothing held back
-        count = -(-len(wire) // self._frame_samples)
-        frames = np.zeros(count * self._frame_samples, dtype=np.int16)  # the last frame padded
-        frames[: len(wire)] = wire
-        start, self._queued = self._queued, self._queued + int(pcm.size)
-        after = start
-        marks = self.protocol.supports_marks
-        for index in range(count):
-            chunk = frames[index * self._frame_samples : (index + 1) * self._frame_samples]
-            end = start + round((index + 1) * (self._queued - start) / count)
-            self._outbox.append(Frame(chunk, end, pcm[after - start : end - start]))
-            after = end
-            last = index + 1 == count
-            if marks and (last or (index + 1) % MARK_EVERY_FRAMES == 0):
-                self._mark_count += 1
-                self._outbox.append(Mark(mark_name(self._mark_count, last), end))
+        marks = self._mark_count if self.protocol.supports_marks else None
+        items = piece_items(pcm, wire, self._frame_samples, self._queued, marks)
+        self._outbox.extend(items)
+        self._mark_count += sum(isinstance(item, Mark) for item in items)
+        self._queued += int(pcm.size)
         self._outbox_ready.set()
         return self._queued
 
@@ -318,7 +311,7 @@ class PhoneStream:
                 if due > now + _SEND_EARLY_S:
                     await asyncio.sleep(due - now - _SEND_EARLY_S / 2)
                     continue  # the outbox may have been cleared meanwhile
-                frames = self._next_frames()
+                frames = take_frames(self._outbox, self.protocol.frames_per_message)
                 self._in_flight.extend(frames)  # before the send: a pause meanwhile resends them
                 epoch = self._epoch
                 pcm = frames[0].pcm if len(frames) == 1 else np.concatenate([f.pcm for f in frames])
@@ -338,18 +331,6 @@ class PhoneStream:
         except (WebSocketDisconnect, RuntimeError) as exc:
             log.info("call %s: stopped sending (%s)", self.call_id, exc)
             self.hang_up("socket closed")
-
-    def _next_frames(self) -> list[Frame]:
-        """The frames at the head of the outbox that go in one media message: the first is
-        due, the others follow it at once (at most `frames_per_message`, none past a mark)."""
-        frames: list[Frame] = []
-        while self._outbox and len(frames) < self.protocol.frames_per_message:
-            item = self._outbox[0]
-            if not isinstance(item, Frame):
-                break
-            frames.append(item)
-            self._outbox.popleft()
-        return frames
 
     async def _send(self, message: str | bytes) -> None:
         async with asyncio.timeout(self.send_timeout_s):
