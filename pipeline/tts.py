@@ -10,8 +10,8 @@ intra-op thread (`threads=1, parallel=2`); the others wait in line. One synthesi
 30 ms sooner (15-word sentences on 2 cores: 110 vs 155 ms), but splitting one run over two threads
 costs CPU (0.065 against 0.060 CPU-s per second of speech) and makes every other call's sentence
 wait for it: at 24 calls on 2 cores (`hotline bench`, realistic replies, one run each on the same
-machine within the hour) two at once gave playback gaps in 2 and 0 of 96 turns against 22-32,
-voice-to-voice p50 720-820 against 960-1100 ms, 3.8-3.9 CPU-s per call-minute against 4.4. Each
+machine within the hour) two at once gave playback gaps in 0-4 of 96 turns against 22-32,
+voice-to-voice p50 720-820 against 960-1100 ms, 3.8-4.0 CPU-s per call-minute against 4.4. Each
 run holds its intermediate tensors in onnxruntime's arena (about 125 MB for a 90-character
 sentence), so two at once cost memory: 926 MB at the 24-call peak, 867 MB with malloc's heaps
 capped (`voice/server/malloc.py`). Thread spinning is off so an idle voice leaves the cores to

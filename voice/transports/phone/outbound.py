@@ -72,6 +72,10 @@ def take_frames(outbox: deque[Frame | Mark], most: int) -> list[Frame]:
     """The frames at the head of `outbox` (taken off it) that go in one media message: at most
     `most`, none past a mark."""
     frames: list[Frame] = []
-    while outbox and len(frames) < most and isinstance(outbox[0], Frame):
-        frames.append(outbox.popleft())  # type: ignore[arg-type]
+    while outbox and len(frames) < most:
+        head = outbox[0]
+        if not isinstance(head, Frame):
+            break
+        frames.append(head)
+        outbox.popleft()
     return frames
