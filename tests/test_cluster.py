@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio
 from aiortc import RTCPeerConnection
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -37,6 +38,7 @@ from tests.support.poll import PollTimeout, until
 from tests.support.redis_server import RedisServer
 from tests.support.server import Server, free_port, logged, start_server
 from tests.support.speech import utterance, words
+from voice.cluster.store import call_keys
 from voice.devtools.phone_caller import DEFAULT_CALLEE, DEFAULT_CALLER, TwilioPhone, twilio_sid
 from voice.devtools.turns import first_audible_after, silent_for_after, voiced_span
 from voice.transports.phone.twilio import (
@@ -405,6 +407,36 @@ async def test_live_websocket_needs_the_token_and_a_known_call(workers: tuple[Wo
                 async with connect(url, additional_headers=headers, open_timeout=10):
                     pass
             assert rejected.value.response.status_code == 403, url
+
+
+async def test_a_call_is_watched_on_its_worker_before_its_record_is_in_redis(
+    workers: tuple[Worker, Worker], redis_server: RedisServer
+) -> None:
+    """The registry writes a call's record in the background, so for a moment (longer under
+    load) Redis does not have it yet while the worker lists the call as active. Its worker lets
+    the console watch it all the same; the other worker, which knows the call only through
+    Redis, still refuses it."""
+    a, b = workers
+    async with a.http() as http_a, phone_call(a) as phone:
+        call_id = phone.call_sid
+
+        async def active_on_a() -> bool:
+            response = await http_a.get(f"/calls/{call_id}")
+            return response.status_code == 200 and response.json()["state"] == "active"
+
+        await until(active_on_a, "the call active on A")
+        store = redis.asyncio.Redis(port=redis_server.port)
+        try:
+            assert await store.delete(call_keys("hotline", call_id)[0]) == 1  # not written yet
+        finally:
+            await store.aclose()
+        async with connect(a.ws(f"/calls/{call_id}/live"), additional_headers=AUTH) as live:
+            first = json.loads(await asyncio.wait_for(live.recv(), 10))
+            assert (first["type"], first["state"]) == ("state", "active")
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(b.ws(f"/calls/{call_id}/live"), additional_headers=AUTH):
+                pass
+        assert refused.value.response.status_code == 403
 
 
 async def test_a_call_on_a_is_listed_watched_told_and_hung_up_from_b(

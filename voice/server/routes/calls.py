@@ -96,13 +96,16 @@ async def watch_call(websocket: WebSocket, call_id: str) -> None:
     if not await authorized_socket(websocket):
         await websocket.close(1008, "missing or wrong bearer token")
         return
-    sessions: CallRegistry = switchboard(websocket).sessions
+    board = switchboard(websocket)
+    sessions: CallRegistry = board.sessions
     try:
         found = await sessions.get_call(call_id)
     except RegistryUnavailable:
         await websocket.close(1013, "call registry unavailable")
         return
-    if found is None:
+    # A call this worker holds is known before its record reaches Redis (the registry writes in
+    # the background: under load a console opened at once found nothing) or after Redis lost it.
+    if found is None and board.get(call_id) is None:
         await websocket.close(1008, f"unknown call {call_id}")
         return
     await websocket.accept()
