@@ -101,10 +101,12 @@ def serve(
 ) -> None:
     """Run the server: softphone page at /, WebRTC offers at /offer."""
     from voice.server.app import create_app
+    from voice.server.ffmpeg import single_threaded_ffmpeg
     from voice.server.malloc import limit_arenas
     from voice.server.settings import Settings
 
     limit_arenas()  # before any thread starts
+    single_threaded_ffmpeg()  # no idle FFmpeg thread pool per call's audio
     setup_logging(log_level)
     overrides: dict[str, object] = {}
     if host is not None:
