@@ -3,9 +3,9 @@
 PyAV converts audio through an FFmpeg filter graph (`av.AudioResampler`): the caller's WebRTC
 audio to 16 kHz mono, aiortc's reply audio to 48 kHz stereo in its Opus encoder, and every
 recording's audio into libopus's 20 ms frames. FFmpeg gives each graph a pool of one thread per
-core, up to eight, which audio filters never use (they have no slice threading): two threads
-per recorded phone call on 2 cores, and on a 16-core machine 24 idle threads per recorded
-WebRTC call, so a few dozen calls run into a container's process limit (Docker's and
+core, up to eight, which audio filters never use (they have no slice threading): measured on
+2 cores, 2 idle threads per recorded phone call and 8 per recorded WebRTC call; on 8 cores or
+more, 8 per graph, so a few dozen calls run into a container's process limit (Docker's and
 Kubernetes' pids limits count threads).
 
 `single_threaded_ffmpeg` is called by `hotline serve` before any call: FFmpeg then takes the
