@@ -18,7 +18,10 @@ call), searched at each start.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import itertools
+import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,11 +58,25 @@ def urgent_in(seconds: float) -> Urgency:
     return urgency
 
 
+_PR_SET_NAME = 15  # linux/prctl.h
+
+
+def name_os_thread() -> None:
+    """Give the calling thread's Python name to the OS, so that `top -H`, `/proc` and profilers
+    tell the worker threads apart (Python 3.11 leaves them all with the process's name). Linux
+    keeps 15 bytes of it; elsewhere this does nothing."""
+    if sys.platform.startswith("linux"):
+        name = threading.current_thread().name.encode()[:15]
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+
+
 class UrgentFirst:
     """A thread pool whose waiting line lets urgent jobs ahead (see the module docstring)."""
 
     def __init__(self, workers: int, name: str) -> None:
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix=name)
+        self._executor = ThreadPoolExecutor(
+            workers, thread_name_prefix=name, initializer=name_os_thread
+        )
         self._free = workers
         self._waiting: list[tuple[Urgency, int, asyncio.Future[None]]] = []
         self._order = itertools.count()

@@ -6,6 +6,7 @@ from typing import Literal
 
 import numpy as np
 import pytest
+from rich.console import Console
 
 from tests.support.server import Server
 from voice.devtools.bench import run_bench, twilio_stream_url
@@ -54,8 +55,8 @@ def hand_made_report() -> BenchReport:
         "webrtc",
         2,
         samples,
-        before=Health(cpu_s=10.0, rss_mb=400.0, peak_rss_mb=420.0),
-        after=Health(cpu_s=16.0, rss_mb=450.0, peak_rss_mb=500.0),
+        before=Health(10.0, 400.0, 420.0, {"main": 3.0, "tts": 1.0, "other": 2.0}),
+        after=Health(16.0, 450.0, 500.0, {"main": 4.0, "tts": 5.0, "other": 2.0, "stt": 1.0}),
         wall_s=61.04,
     )
 
@@ -80,6 +81,16 @@ def test_summary_aggregates_latency_parts_failures_and_cost() -> None:
     assert report.server_peak_rss_mb == 500.0
     assert report.server_rss_mb == 450.0
     assert report.wall_s == 61.0
+    # per thread group over the 2 call-minutes, largest first; idle groups left out, and a
+    # group first seen after the start (a worker started during the run) counted from zero
+    assert list(report.cpu_by_thread.items()) == [("tts", 2.0), ("main", 0.5), ("stt", 0.5)]
+
+
+def test_a_server_without_thread_figures_gives_none() -> None:
+    health = Health.from_json({"cpu_s": 2, "rss_mb": 3, "peak_rss_mb": 4})
+    assert health.cpu_by_thread == {}
+    report = summarize("u", "twilio", 3, [], health, health, 0.0)
+    assert report.cpu_by_thread == {}
 
 
 def test_no_calls_gives_empty_statistics() -> None:
@@ -93,6 +104,10 @@ def test_report_json_round_trips_and_renders() -> None:
     report = hand_made_report()
     assert BenchReport.from_json(report.to_json()) == report
     assert report.table().row_count == 1 + len(report.parts_ms)
+    console = Console(record=True, width=200)
+    console.print(report)
+    shown = console.export_text()
+    assert "server CPU by thread, s per call-minute: tts 2.00, main 0.50, stt 0.50" in shown
 
 
 def test_a_barge_in_run_reports_how_soon_replies_stopped_and_fails_a_reply_that_did_not() -> None:
@@ -197,6 +212,8 @@ async def test_a_small_real_run(server: Server, transport: Literal["webrtc", "tw
     assert report.samples[0].call_id and report.samples[0].duration_s > 0
     assert report.server_cpu_s > 0 and report.server_peak_rss_mb > 0
     assert report.cpu_s_per_call_minute is not None and report.cpu_s_per_call_minute > 0
+    # the server's threads by name: the event loop, and the voice that spoke the replies
+    assert report.cpu_by_thread["main"] > 0 and report.cpu_by_thread["tts"] > 0
     assert seen and seen[-1] == turns and seen == sorted(seen)
     # each reply's length from the server's record; how it played, where the phone's own
     # buffer shows it (Twilio), for every turn

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
+from pathlib import Path
+
+import pytest
 
 from pipeline.scheduling import Urgency, UrgentFirst, urgent_in
 
@@ -116,3 +120,15 @@ async def test_a_job_needed_by_a_time_goes_ahead_of_urgent_ones_that_came_after_
 
 async def test_a_job_already_due_is_urgent_at_once() -> None:
     assert urgent_in(0.0).urgent and urgent_in(-1.0).urgent
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the OS name of a thread: Linux")
+async def test_the_workers_carry_their_pool_name_in_the_os() -> None:
+    """`top -H`, /proc and the bench's CPU by thread tell the pools apart by it."""
+    pool = UrgentFirst(2, "tts")
+
+    def os_name() -> str:
+        return Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text().strip()
+
+    names = await asyncio.gather(*(pool.run(os_name) for _ in range(4)))
+    assert set(names) <= {"tts_0", "tts_1"} and "tts_0" in names

@@ -95,10 +95,12 @@ class Health:
     cpu_s: float
     rss_mb: float
     peak_rss_mb: float
+    cpu_by_thread: dict[str, float] = field(default_factory=dict)  # a server before 2026-12-05: {}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Health:
-        return cls(float(data["cpu_s"]), float(data["rss_mb"]), float(data["peak_rss_mb"]))
+        threads = {str(k): float(v) for k, v in (data.get("cpu_by_thread") or {}).items()}
+        return cls(float(data["cpu_s"]), float(data["rss_mb"]), float(data["peak_rss_mb"]), threads)
 
 
 @dataclass
@@ -130,6 +132,8 @@ class BenchReport:
     gap_turns: int = 0  # of those, with a gap (a dry spell over 100 ms)
     longest_gap_ms: float | None = None
     over_caller_turns: int = 0  # of those, with reply audio over the caller's next words
+    # The server's CPU per call-minute by thread ("tts", "main", "recorder", ...; /healthz).
+    cpu_by_thread: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -169,6 +173,9 @@ class BenchReport:
             f"({self.server_cpu_s:.1f} s over {self.call_minutes:.2f} call-minutes)\n"
             f"server RSS: peak {self.server_peak_rss_mb:.0f} MB, now {self.server_rss_mb:.0f} MB"
         )
+        if self.cpu_by_thread:
+            parts = ", ".join(f"{name} {cpu:.2f}" for name, cpu in self.cpu_by_thread.items())
+            cost += f"\nserver CPU by thread, s per call-minute: {parts}"
         if self.barge_in_stop_ms is not None and self.barge_in_stop_ms.p95 is not None:
             within = "within" if self.barge_in_stop_ms.p95 <= BARGE_IN_TARGET_MS else "over"
             cost += (
@@ -241,8 +248,22 @@ def summarize(
         else None,
         backchannels=len(said) if said else None,
         backchannel_stops=sum(said) if said else None,
+        cpu_by_thread=_cpu_by_thread(before, after, call_minutes),
         **_replies([t for call in samples for t in call.turns]),
     )
+
+
+def _cpu_by_thread(before: Health, after: Health, call_minutes: float) -> dict[str, float]:
+    """Each thread group's CPU over the run per call-minute, largest first (a group's threads
+    that ended during the run are left out of it)."""
+    if call_minutes <= 0:
+        return {}
+    used = {
+        name: max(0.0, cpu - before.cpu_by_thread.get(name, 0.0))
+        for name, cpu in after.cpu_by_thread.items()
+    }
+    ranked = sorted(used.items(), key=lambda item: -item[1])
+    return {name: round(cpu / call_minutes, 2) for name, cpu in ranked if cpu > 0}
 
 
 def _replies(turns: list[TurnSample]) -> dict[str, Any]:

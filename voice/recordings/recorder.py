@@ -34,6 +34,7 @@ from typing import Any
 import av
 import numpy as np
 
+from pipeline.scheduling import name_os_thread
 from pipeline.transport import PCM, SAMPLE_RATE
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,9 @@ class RecordingWriter:
     """The thread every recording of this process is encoded and written on, in order."""
 
     def __init__(self) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="recorder")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="recorder", initializer=name_os_thread
+        )
 
     def submit(self, job: Any, *args: Any) -> concurrent.futures.Future[Any]:
         return self._pool.submit(job, *args)

@@ -4,8 +4,11 @@ drain that stops a worker once its calls have finished."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import resource
 from importlib import resources
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
@@ -26,6 +29,36 @@ def _rss_bytes() -> int:
             return int(statm.read().split()[1]) * resource.getpagesize()
     except OSError:
         return 0
+
+
+def cpu_by_thread() -> dict[str, float]:
+    """CPU seconds of this process's live threads by the name the OS has for them, a worker's
+    number dropped ("tts_1" -> "tts"; `pipeline.scheduling.name_os_thread`): "main" is the event
+    loop's thread, "other" the threads that nobody named (Whisper's and aiortc's own).
+    Linux `/proc`; empty elsewhere."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return {}
+    tick = os.sysconf("SC_CLK_TCK")
+    main = str(os.getpid())
+    totals: dict[str, float] = {}
+    unnamed: str | None = None
+    for task in tasks.iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]  # a name may hold ")" itself
+        after = stat[stat.rindex(")") + 2 :].split()  # from field 3, the state
+        seconds = (int(after[11]) + int(after[12])) / tick  # utime, stime: fields 14 and 15
+        if task.name == main:
+            unnamed, key = name, "main"
+        else:
+            key = re.sub(r"_\d+$", "", name)
+        totals[key] = totals.get(key, 0.0) + seconds
+    if unnamed is not None and unnamed in totals:
+        totals["other"] = totals.get("other", 0.0) + totals.pop(unnamed)
+    return {key: round(value, 2) for key, value in sorted(totals.items())}
 
 
 async def drain_then_exit(app: FastAPI) -> None:
@@ -56,6 +89,7 @@ async def health(request: Request) -> dict[str, object]:
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
         "rss_mb": round(_rss_bytes() / 2**20, 1),
         "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux reports KiB
+        "cpu_by_thread": await asyncio.to_thread(cpu_by_thread),
     }
 
 
