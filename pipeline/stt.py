@@ -18,7 +18,10 @@ is longer than 26 s or silent, or when the fitted window's text has no words or 
 repetition loop. The server uses "fit" on phone and WebRTC calls alike (WebRTC kept "full" until
 the softphone page turned Chrome's noise suppression and automatic gain off: through them, "fit"
 misheard the browser test's robotic "a taxi" as "that access" in 5 calls of 6, "full" as "that
-taxi" in 6; without them both heard it in 6 of 6).
+taxi" in 6; without them both heard it in 6 of 6, and "fit" in 10 of 12 with both cores busy:
+the words Chrome delivers are as clean, in Whisper's log-mel terms, as an Opus round trip, but
+this robotic phrase sits on tiny.en's edge, and where it falls on the 10 ms frames decides it;
+piper's natural "I need a taxi" was heard in 16 of 16).
 Measured with the WER study
 (`hotline wer --window fit|full`: 200 utterances of 1.5–6.3 s, clean and over an
 8 kHz μ-law line, one at a time, 2 cores, int8, beam 1; median/p95 of 400 turns on the
