@@ -25,6 +25,7 @@ is about to run out (pipeline/scheduling.py).
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from pathlib import Path
@@ -38,7 +39,10 @@ from piper.config import PiperConfig, SynthesisConfig
 from piper.voice import PiperVoice
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.piper_graph import NotRewritable, decoder_as_2d
 from pipeline.scheduling import Urgency, UrgentFirst
+
+log = logging.getLogger(__name__)
 
 BUNDLED_VOICE = "en_US-joe-medium"
 AUDIBLE = 328  # |sample| from which audio is not silence (-40 dBFS)
@@ -75,6 +79,9 @@ class TTSSettings(BaseModel):
     # Syntheses that run at once in this process for this voice; the rest wait in line. Each
     # holds its own working memory (about 125 MB for a long sentence).
     parallel: int = Field(default=2, ge=1)
+    # Run the decoder's convolutions as 2-D ones (pipeline/piper_graph.py): the same audio for
+    # about 10% less CPU; the rewritten voice is cached in $HOTLINE_CACHE_DIR/piper.
+    conv2d: bool = True
 
 
 def voice_files(voice: str) -> tuple[Path, Path]:
@@ -94,14 +101,23 @@ def voice_files(voice: str) -> tuple[Path, Path]:
     return model, config
 
 
-def load_voice(model: Path, config: Path, threads: int = 0) -> PiperVoice:
-    """A piper voice on the CPU, with an onnxruntime session sized for sharing the machine."""
+def load_voice(model: Path, config: Path, threads: int = 0, conv2d: bool = True) -> PiperVoice:
+    """A piper voice on the CPU, with an onnxruntime session sized for sharing the machine;
+    `conv2d`: its decoder rewritten (pipeline/piper_graph.py) where that is proven safe."""
+    source: Path | bytes = model
+    if conv2d:
+        try:
+            source = decoder_as_2d(model)
+        except NotRewritable as why:
+            log.warning("piper: %s runs as shipped: %s", model.name, why)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = onnxruntime.InferenceSession(
-        str(model), sess_options=options, providers=["CPUExecutionProvider"]
+        source if isinstance(source, bytes) else str(source),
+        sess_options=options,
+        providers=["CPUExecutionProvider"],
     )
     with config.open(encoding="utf-8") as file:
         piper_config = PiperConfig.from_dict(json.load(file))
@@ -117,7 +133,11 @@ class TextToSpeech:
     def __init__(self, settings: TTSSettings | None = None) -> None:
         self.settings = settings or TTSSettings()
         started = time.monotonic()
-        self._voice = load_voice(*voice_files(self.settings.voice), threads=self.settings.threads)
+        self._voice = load_voice(
+            *voice_files(self.settings.voice),
+            threads=self.settings.threads,
+            conv2d=self.settings.conv2d,
+        )
         self.load_seconds = time.monotonic() - started
         self.sample_rate: int = self._voice.config.sample_rate
         self._config = SynthesisConfig(

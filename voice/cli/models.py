@@ -4,7 +4,8 @@ of their own, fetched at install time (`make`, the Docker build), never at run t
 Smart Turn v3.2 ships inside the `pipecat-ai` wheel (`pipeline.turn_taking.model`): its wheel is
 downloaded with pip (so pip's index, mirrors and cache settings apply), the one ONNX file is
 taken out, checked against its pinned sha256 and written to `$HOTLINE_CACHE_DIR/smart-turn/`
-(a temporary file renamed into place); the wheel is thrown away.
+(a temporary file renamed into place); the wheel is thrown away. It also builds the bundled
+piper voice's 2-D decoder into `$HOTLINE_CACHE_DIR/piper/` (a read-only image needs it baked in).
 """
 
 from __future__ import annotations
@@ -41,5 +42,16 @@ def fetch_smart_turn() -> Path:
 
 
 def fetch_models_command() -> None:
-    """Fetch the model files that do not ship as packages of their own (Smart Turn v3.2)."""
+    """Fetch the model files that do not ship as packages of their own (Smart Turn v3.2), and
+    build the bundled piper voice with its decoder as 2-D (pipeline/piper_graph.py) so that no
+    server builds it at start-up."""
+    from pipeline.piper_graph import NotRewritable, decoder_as_2d
+    from pipeline.tts import BUNDLED_VOICE, voice_files
+
     print(f"Smart Turn v3.2: {fetch_smart_turn()}")
+    try:
+        built = decoder_as_2d(voice_files(BUNDLED_VOICE)[0])
+    except NotRewritable as why:
+        print(f"piper voice: runs as shipped ({why})")
+        return
+    print(f"piper voice, decoder as 2-D: {built if isinstance(built, Path) else 'not cached'}")
