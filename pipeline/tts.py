@@ -104,24 +104,38 @@ def voice_files(voice: str) -> tuple[Path, Path]:
 def load_voice(model: Path, config: Path, threads: int = 0, conv2d: bool = True) -> PiperVoice:
     """A piper voice on the CPU, with an onnxruntime session sized for sharing the machine;
     `conv2d`: its decoder rewritten (pipeline/piper_graph.py) where that is proven safe."""
-    source: Path | bytes = model
-    if conv2d:
-        try:
-            source = decoder_as_2d(model)
-        except NotRewritable as why:
-            log.warning("piper: %s runs as shipped: %s", model.name, why)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = onnxruntime.InferenceSession(
-        source if isinstance(source, bytes) else str(source),
-        sess_options=options,
-        providers=["CPUExecutionProvider"],
-    )
+    session = _rewritten_session(model, options) if conv2d else None
+    if session is None:
+        session = onnxruntime.InferenceSession(
+            str(model), sess_options=options, providers=["CPUExecutionProvider"]
+        )
     with config.open(encoding="utf-8") as file:
         piper_config = PiperConfig.from_dict(json.load(file))
     return PiperVoice(session=session, config=piper_config)
+
+
+def _rewritten_session(
+    model: Path, options: onnxruntime.SessionOptions
+) -> onnxruntime.InferenceSession | None:
+    """The voice with its decoder as 2-D, or None (logged) where it runs as shipped."""
+    try:
+        source = decoder_as_2d(model)
+    except NotRewritable as why:
+        log.warning("piper: %s runs as shipped: %s", model.name, why)
+        return None
+    try:
+        return onnxruntime.InferenceSession(
+            source if isinstance(source, bytes) else str(source),
+            sess_options=options,
+            providers=["CPUExecutionProvider"],
+        )
+    except Exception as error:  # a damaged cache file: the voice as shipped still speaks
+        log.warning("piper: the rewritten %s did not load (%s); runs as shipped", model.name, error)
+        return None
 
 
 class TextToSpeech:

@@ -137,3 +137,10 @@ def test_the_bundled_voice_sounds_the_same_and_its_rewrite_is_cached(
     before, after = shipped.synthesize_blocking(text), rewritten.synthesize_blocking(text)
     assert len(after) == len(before) > shipped.sample_rate
     assert np.abs(after.astype(np.int32) - before.astype(np.int32)).max() <= 2
+
+    built.write_bytes(b"not a model")  # damaged: the voice as shipped speaks instead
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "pipeline.tts"):
+        fallback = TextToSpeech(TTSSettings(**quiet))
+    assert "did not load" in caplog.text
+    assert np.array_equal(fallback.synthesize_blocking(text), before)
