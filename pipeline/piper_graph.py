@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,7 +64,9 @@ def decoder_as_2d(model: Path) -> Path | bytes:
     target = cached_path(model)
     if target.is_file():
         return target
+    started = time.monotonic()
     data = _rewritten(model)
+    log.info("piper: %s rewritten in %.1f s", model.name, time.monotonic() - started)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.part")
