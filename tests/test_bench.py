@@ -162,6 +162,26 @@ def test_records_pair_by_order_when_the_counts_agree() -> None:
     assert paired[1] == TurnSample(600.0, {"stt": 350.0})
 
 
+def test_the_controllers_plan_of_each_turn_is_counted() -> None:
+    result = caller_result((10.0, 10.8), (20.0, 20.6), (30.0, 30.7))
+    records = [
+        {"started_at": 0.0, "decision": {"tier": "fast", "effort": "low"}},
+        {"started_at": 0.0, "decision": {"tier": "fast", "effort": "medium"}},
+        {"started_at": 0.0, "decision": {"tier": "fast", "effort": "low"}},
+    ]
+    paired = match_records(result, records, clock_offset_s=1000.0)
+    assert [t.plan for t in paired] == ["low on fast", "medium on fast", "low on fast"]
+    unplanned = match_records(caller_result((10.0, 10.8)), [{"started_at": 0.0}], 1000.0)
+    assert unplanned[0].plan is None  # a record with no decision (an older server)
+    health = Health(1, 1, 1)
+    report = summarize("u", "twilio", 3, [CallSample("a", 30.0, 3, paired)], health, health, 1)
+    assert list(report.plans.items()) == [("low on fast", 2), ("medium on fast", 1)]
+    assert BenchReport.from_json(report.to_json()) == report
+    console = Console(record=True, width=200)
+    console.print(report)
+    assert "the controller's plans: low on fast 2, medium on fast 1" in console.export_text()
+
+
 def test_records_pair_by_time_when_the_server_heard_other_turns() -> None:
     # the server split the first utterance in two; wall clock = monotonic + 1000
     result = caller_result((10.0, 10.8), (20.0, None))
@@ -219,6 +239,9 @@ async def test_a_small_real_run(server: Server, transport: Literal["webrtc", "tw
     # buffer shows it (Twilio), for every turn
     assert report.reply_words is not None and report.reply_words.count == turns
     assert report.playback_turns == (turns if transport == "twilio" else 0)
+    # what the latency budget controller chose for each turn, from the server's records
+    assert sum(report.plans.values()) == turns, report.plans
+    assert all(plan.endswith(" on fast") for plan in report.plans), report.plans
     assert BenchReport.from_json(report.to_json()) == report
 
 

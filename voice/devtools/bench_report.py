@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ class TurnSample:
     gaps: int | None = None  # dry spells over 100 ms after it began
     longest_gap_ms: float | None = None
     over_caller_ms: float | None = None  # reply audio while the caller said its next words
+    # The server's record: the effort and tier the latency budget controller chose ("low on
+    # fast"); None: no record, or no decision in it.
+    plan: str | None = None
 
 
 @dataclass
@@ -134,6 +138,9 @@ class BenchReport:
     over_caller_turns: int = 0  # of those, with reply audio over the caller's next words
     # The server's CPU per call-minute by thread ("tts", "main", "recorder", ...; /healthz).
     cpu_by_thread: dict[str, float] = field(default_factory=dict)
+    # Turns by the controller's plan, most first ({"low on fast": 60, "medium on fast": 4}): at
+    # one caller it spends on effort what the budget leaves, which moves the latency figures.
+    plans: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -185,6 +192,9 @@ class BenchReport:
         words = self.reply_words
         if words is not None and words.p50 is not None:
             cost += f"\nreplies: p50 {words.p50:.0f} words (max {_number(words.max)})"
+        if self.plans:
+            counted = ", ".join(f"{plan} {count}" for plan, count in self.plans.items())
+            cost += f"\nthe controller's plans: {counted}"
         if self.playback_turns:
             cost += (
                 f"\nplayback: {self.gap_turns} of {self.playback_turns} turns with a gap over "
@@ -271,7 +281,9 @@ def _replies(turns: list[TurnSample]) -> dict[str, Any]:
     words = [t.reply_words for t in turns if t.reply_words is not None]
     measured = [t for t in turns if t.gaps is not None]
     longest = [t.longest_gap_ms for t in measured if t.longest_gap_ms]
+    plans = Counter(t.plan for t in turns if t.plan is not None)
     return {
+        "plans": dict(plans.most_common()),
         "reply_words": stats([float(w) for w in words]) if words else None,
         "playback_turns": len(measured),
         "gap_turns": sum(bool(t.gaps) for t in measured),
@@ -307,5 +319,13 @@ def match_records(
         reply = (record or {}).get("reply_text")
         words = len(str(reply).split()) if reply is not None else None
         cut = bool(record["interrupted"]) if record and "interrupted" in record else None
-        samples.append(TurnSample(v2v, timings, words, cut))
+        samples.append(TurnSample(v2v, timings, words, cut, plan=_plan(record)))
     return samples
+
+
+def _plan(record: dict[str, Any] | None) -> str | None:
+    """The effort and tier the controller chose for the turn ("low on fast"), if recorded."""
+    decision = (record or {}).get("decision")
+    if not isinstance(decision, dict) or "tier" not in decision:
+        return None
+    return f"{decision.get('effort') or 'no effort'} on {decision['tier']}"
