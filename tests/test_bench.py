@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 from tests.support.server import Server
+from voice.cli.main import app as cli
 from voice.devtools.bench import run_bench, twilio_stream_url
 from voice.devtools.bench_report import (
     DELIVERY,
     BenchReport,
     CallSample,
     Health,
+    LoadSweep,
     TurnSample,
     match_records,
     percentile,
@@ -108,6 +113,28 @@ def test_report_json_round_trips_and_renders() -> None:
     console.print(report)
     shown = console.export_text()
     assert "server CPU by thread, s per call-minute: tts 2.00, main 0.50, stt 0.50" in shown
+
+
+def test_a_sweep_sets_each_loads_p95_against_the_first_loads_p50() -> None:
+    def load(calls: int, v2v: list[float], cpu_s: float) -> BenchReport:
+        samples = [CallSample(str(i), 60.0, 1, [turn(ms)]) for i, ms in enumerate(v2v)]
+        return summarize("u", "twilio", 1, samples, Health(0, 1, 1), Health(cpu_s, 1, 900), 60)
+
+    one = load(1, [600.0], 5.0)
+    many = load(4, [700.0, 800.0, 900.0, 1000.0], 16.0)
+    sweep = LoadSweep([one, many])
+    # p95 of 700..1000 interpolates to 985; over the single call's 600
+    assert sweep.ratios() == [1.0, round(985.0 / 600.0, 2)]
+    data = json.loads(sweep.to_json())
+    assert [level["calls"] for level in data["levels"]] == [1, 4]
+    assert data["p95_over_first_p50"] == sweep.ratios()
+    assert BenchReport.from_json(json.dumps(data["levels"][1])) == many
+    console = Console(record=True, width=250)
+    console.print(sweep.table())
+    shown = console.export_text()
+    assert "p95 ÷ p50 at 1" in shown and "1.64" in shown and "4 of 4" in shown
+    # a first load with no reply heard gives no ratio rather than a division by zero
+    assert LoadSweep([load(1, [], 1.0), many]).ratios() == [None, None]
 
 
 def test_a_barge_in_run_reports_how_soon_replies_stopped_and_fails_a_reply_that_did_not() -> None:
@@ -256,3 +283,20 @@ async def test_a_real_run_with_a_backchannel(server: Server) -> None:
     assert (report.backchannel_stops, report.backchannels) == (0, 1), (report.samples, said)
     assert report.voice_to_voice_ms.count == 1  # the "okay" is no turn of the call
     assert report.barge_in_stop_ms is None
+
+
+@pytest.mark.slow
+def test_the_command_sweeps_loads_on_one_server(server: Server, tmp_path: Path) -> None:
+    """`hotline bench --calls 1 --calls 2`: both loads run, a table sets them side by side, and
+    the JSON holds both reports."""
+    out = tmp_path / "sweep.json"
+    args = ["bench", "--url", server.url, "--transport", "twilio", "--turns", "1"]
+    result = CliRunner().invoke(cli, [*args, "--calls", "1", "--calls", "2", "--out", str(out)])
+    assert result.exit_code == 0, (result.output, server.log[-40:])
+    data = json.loads(out.read_text())
+    levels = [BenchReport.from_json(json.dumps(level)) for level in data["levels"]]
+    assert [level.calls for level in levels] == [1, 2]
+    assert [level.voice_to_voice_ms.count for level in levels] == [1, 2]
+    assert data["p95_over_first_p50"] == LoadSweep(levels).ratios()
+    assert data["p95_over_first_p50"][0] == 1.0
+    assert "load sweep" in result.output and "2 of 2" in result.output

@@ -25,7 +25,7 @@ from voice.cli.experiments import experiments_app
 from voice.cli.logs import setup_logging
 from voice.cli.models import fetch_models_command
 from voice.cli.turn_bench import turn_bench_command
-from voice.devtools.bench import bench_command
+from voice.devtools.bench_command import bench_command
 from voice.devtools.soak import soak_command
 
 if TYPE_CHECKING:

@@ -16,24 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Coroutine, Sequence
-from enum import StrEnum
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
-import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from voice.audio import PCM, espeak, read_wav
-from voice.cli.client import DEFAULT_URL, TokenOption, UrlOption, auth_headers, explain
-from voice.cli.logs import setup_logging
+from voice.cli.client import auth_headers
 from voice.devtools.bench_report import (
     BenchReport,
     CallSample,
@@ -299,105 +293,3 @@ async def run_bench(
         progress(min(calls * turns, sum(bench.done)))
     barge_in = barge_in_after_ms is not None and backchannel_after_ms is None
     return summarize(url, transport, turns, list(samples), before, after, wall_s, barge_in)
-
-
-# -- command ------------------------------------------------------------------------------------
-
-
-class BenchTransport(StrEnum):
-    webrtc = "webrtc"
-    twilio = "twilio"
-    sip = "sip"
-
-
-_KINDS: dict[BenchTransport, Transport] = {
-    BenchTransport.webrtc: "webrtc",
-    BenchTransport.twilio: "twilio",
-    BenchTransport.sip: "sip",
-}
-
-
-def bench_command(
-    url: UrlOption = DEFAULT_URL,
-    token: TokenOption = None,
-    transport: Annotated[
-        BenchTransport,
-        typer.Option(help="webrtc (/offer), twilio (/twilio/stream) or sip (UDP, --sip-port)"),
-    ] = BenchTransport.webrtc,
-    sip_port: Annotated[
-        int, typer.Option(help="The server's SIP port, on the URL's host (--transport sip)")
-    ] = SIP_PORT,
-    calls: Annotated[int, typer.Option(min=1, help="Concurrent calls")] = 1,
-    turns: Annotated[int, typer.Option(min=1, help="Turns per call")] = 3,
-    out: Annotated[Path, typer.Option(help="Where to write the JSON report")] = Path("bench.json"),
-    wav: Annotated[
-        list[Path] | None,
-        typer.Option(help="WAV the callers speak (repeatable; default: espeak-ng phrases)"),
-    ] = None,
-    stagger: Annotated[float, typer.Option(help="Seconds between call starts")] = 0.2,
-    barge_in: Annotated[
-        float | None,
-        typer.Option(
-            min=0,
-            help="Speak each call's last turn this many ms into the reply before it, and report "
-            "how soon that reply went quiet at the caller (target 300 ms)",
-        ),
-    ] = None,
-    backchannel: Annotated[
-        float | None,
-        typer.Option(
-            min=0,
-            help="Say 'Okay.' this many ms into each call's last reply, and report how many "
-            "replies it stopped for good (target at most 5%)",
-        ),
-    ] = None,
-) -> None:
-    """Benchmark a running server: N concurrent scripted calls, voice-to-voice latency and cost.
-
-    Latency is measured at the caller (end of caller speech to first reply audio); its parts
-    come from the server's turn records. Exits 1 when a call failed or a turn got no reply.
-    """
-    console = Console()
-    setup_logging("warning", console)
-    kind = _KINDS[transport]
-    run = functools.partial(
-        run_bench,
-        stagger_s=stagger,
-        wavs=wav or (),
-        sip_port=sip_port,
-        barge_in_after_ms=barge_in,
-        backchannel_after_ms=backchannel,
-        token=token,
-    )
-    report = _with_progress(console, run, url, kind, calls, turns)
-    console.print(report)
-    out.write_text(report.to_json() + "\n")
-    console.print(f"report written to {out}")
-    if report.failures:
-        console.print(f"[red]{report.failures} of {report.calls} calls failed[/]")
-        raise typer.Exit(1)
-
-
-def _with_progress(
-    console: Console,
-    run: Callable[..., Coroutine[Any, Any, BenchReport]],
-    url: str,
-    kind: Transport,
-    calls: int,
-    turns: int,
-) -> BenchReport:
-    """`run` (`run_bench` with its options) under a progress bar; exit 2 when the server
-    cannot be reached or the script is impossible."""
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
-        task = bar.add_task(f"{kind} turns", total=calls * turns)
-        try:
-            return asyncio.run(
-                run(url, kind, calls, turns, progress=lambda n: bar.update(task, completed=n))
-            )
-        except ValueError as exc:
-            console.print(f"[red]{exc}[/]")
-            raise typer.Exit(2) from exc
-        except httpx.HTTPError as exc:
-            console.print(f"[red]{explain(exc, url)}[/]", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from exc

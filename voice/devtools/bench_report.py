@@ -329,3 +329,56 @@ def _plan(record: dict[str, Any] | None) -> str | None:
     if not isinstance(decision, dict) or "tier" not in decision:
         return None
     return f"{decision.get('effort') or 'no effort'} on {decision['tier']}"
+
+
+@dataclass
+class LoadSweep:
+    """`hotline bench --calls 1 --calls 16 ...`: one report per load, run in the order given on
+    one server, each load's p95 against the first load's p50 (the ratio issue 26's goals are
+    stated in: 16 calls within 1.5x of one call's p50, 24 within 2x). A load's peak RSS is the
+    server's peak so far, so a sweep that means to show it runs its loads from the smallest up."""
+
+    reports: list[BenchReport]
+
+    def ratios(self) -> list[float | None]:
+        """Each load's voice-to-voice p95 over the first load's p50."""
+        base = self.reports[0].voice_to_voice_ms.p50 if self.reports else None
+        return [
+            round(p95 / base, 2) if base and (p95 := r.voice_to_voice_ms.p95) is not None else None
+            for r in self.reports
+        ]
+
+    def to_json(self) -> str:
+        levels = [asdict(report) for report in self.reports]
+        return json.dumps({"levels": levels, "p95_over_first_p50": self.ratios()}, indent=2)
+
+    def table(self) -> Table:
+        first = self.reports[0].calls if self.reports else 0
+        table = Table(
+            "calls",
+            "answered",
+            "p50 ms",
+            "p95 ms",
+            f"p95 ÷ p50 at {first}",
+            "turns with a gap",
+            "CPU s per call-minute",
+            "peak RSS MB",
+            "the controller's plans",
+            title="load sweep (one server, in this order)",
+        )
+        for report, ratio in zip(self.reports, self.ratios(), strict=True):
+            heard = report.voice_to_voice_ms.count
+            played = report.playback_turns
+            gaps = f"{report.gap_turns} of {played}" if played else "-"
+            table.add_row(
+                str(report.calls),
+                f"{heard} of {report.calls * report.turns}",
+                _number(report.voice_to_voice_ms.p50),
+                _number(report.voice_to_voice_ms.p95),
+                _number(ratio, ".2f"),
+                gaps,
+                _number(report.cpu_s_per_call_minute, ".2f"),
+                f"{report.server_peak_rss_mb:.0f}",
+                ", ".join(f"{plan} {n}" for plan, n in report.plans.items()) or "-",
+            )
+        return table
