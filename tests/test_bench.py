@@ -12,6 +12,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from tests.support.server import Server
+from tests.support.speech import utterance
+from voice.audio import write_wav
 from voice.cli.main import app as cli
 from voice.devtools.bench import run_bench, twilio_stream_url
 from voice.devtools.bench_report import (
@@ -289,8 +291,19 @@ async def test_a_real_run_with_a_backchannel(server: Server) -> None:
 def test_the_command_sweeps_loads_on_one_server(server: Server, tmp_path: Path) -> None:
     """`hotline bench --calls 1 --calls 2`: both loads run, a table sets them side by side, and
     the JSON holds both reports."""
-    out = tmp_path / "sweep.json"
-    args = ["bench", "--url", server.url, "--transport", "twilio", "--turns", "1"]
+    out, hello = tmp_path / "sweep.json", tmp_path / "hello.wav"
+    write_wav(hello, utterance("Hello."))  # a short turn: a short reply to wait out
+    args = [
+        "bench",
+        "--url",
+        server.url,
+        "--transport",
+        "twilio",
+        "--turns",
+        "1",
+        "--wav",
+        str(hello),
+    ]
     result = CliRunner().invoke(cli, [*args, "--calls", "1", "--calls", "2", "--out", str(out)])
     assert result.exit_code == 0, (result.output, server.log[-40:])
     data = json.loads(out.read_text())
