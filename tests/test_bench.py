@@ -119,7 +119,10 @@ def test_report_json_round_trips_and_renders() -> None:
 
 def test_a_sweep_sets_each_loads_p95_against_the_first_loads_p50() -> None:
     def load(calls: int, v2v: list[float], cpu_s: float) -> BenchReport:
-        samples = [CallSample(str(i), 60.0, 1, [turn(ms)]) for i, ms in enumerate(v2v)]
+        # the first call's caller cut its reply short (the server's record says so)
+        samples = [
+            CallSample(str(i), 60.0, 1, [TurnSample(ms, cut=i == 0)]) for i, ms in enumerate(v2v)
+        ]
         return summarize("u", "twilio", 1, samples, Health(0, 1, 1), Health(cpu_s, 1, 900), 60)
 
     one = load(1, [600.0], 5.0)
@@ -135,6 +138,9 @@ def test_a_sweep_sets_each_loads_p95_against_the_first_loads_p50() -> None:
     console.print(sweep.table())
     shown = console.export_text()
     assert "p95 ÷ p50 at 1" in shown and "1.64" in shown and "4 of 4" in shown
+    assert (one.cut_turns, many.cut_turns) == (1, 1) and "replies cut" in shown
+    console.print(many)
+    assert "replies the caller cut short: 1 of 4" in console.export_text()
     # a first load with no reply heard gives no ratio rather than a division by zero
     assert LoadSweep([load(1, [], 1.0), many]).ratios() == [None, None]
 
@@ -268,6 +274,8 @@ async def test_a_small_real_run(server: Server, transport: Literal["webrtc", "tw
     # buffer shows it (Twilio), for every turn
     assert report.reply_words is not None and report.reply_words.count == turns
     assert report.playback_turns == (turns if transport == "twilio" else 0)
+    # the server's records: the second turn cut the first reply short, where it was spoken into
+    assert report.cut_turns == (1 if barge_in else 0), report.samples
     # what the latency budget controller chose for each turn, from the server's records
     assert sum(report.plans.values()) == turns, report.plans
     assert all(plan.endswith(" on fast") for plan in report.plans), report.plans
@@ -304,7 +312,8 @@ def test_the_command_sweeps_loads_on_one_server(server: Server, tmp_path: Path) 
         "--wav",
         str(hello),
     ]
-    result = CliRunner().invoke(cli, [*args, "--calls", "1", "--calls", "2", "--out", str(out)])
+    sweep = [*args, "--calls", "1", "--calls", "2", "--out", str(out)]
+    result = CliRunner().invoke(cli, sweep, env={"COLUMNS": "250"})  # the table on one line
     assert result.exit_code == 0, (result.output, server.log[-40:])
     data = json.loads(out.read_text())
     levels = [BenchReport.from_json(json.dumps(level)) for level in data["levels"]]

@@ -136,6 +136,9 @@ class BenchReport:
     gap_turns: int = 0  # of those, with a gap (a dry spell over 100 ms)
     longest_gap_ms: float | None = None
     over_caller_turns: int = 0  # of those, with reply audio over the caller's next words
+    # Turns whose reply the caller's next words cut short (the server's records): a --barge-in
+    # run's own, or, under overload, callers who took a gap for the reply's end and spoke.
+    cut_turns: int = 0
     # The server's CPU per call-minute by thread ("tts", "main", "recorder", ...; /healthz).
     cpu_by_thread: dict[str, float] = field(default_factory=dict)
     # Turns by the controller's plan, most first ({"low on fast": 60, "medium on fast": 4}): at
@@ -201,6 +204,9 @@ class BenchReport:
                 f"100 ms (longest {_number(self.longest_gap_ms)} ms); reply audio over the "
                 f"caller in {self.over_caller_turns}"
             )
+        if self.cut_turns:
+            heard = sum(len(call.turns) for call in self.samples)
+            cost += f"\nreplies the caller cut short: {self.cut_turns} of {heard}"
         if self.backchannels:
             stops = self.backchannel_stops or 0
             within = "within" if stops <= BACKCHANNEL_TARGET * self.backchannels else "over"
@@ -289,6 +295,7 @@ def _replies(turns: list[TurnSample]) -> dict[str, Any]:
         "gap_turns": sum(bool(t.gaps) for t in measured),
         "longest_gap_ms": max(longest) if longest else None,
         "over_caller_turns": sum(bool(t.over_caller_ms) for t in measured),
+        "cut_turns": sum(bool(t.cut) for t in turns),
     }
 
 
@@ -361,6 +368,7 @@ class LoadSweep:
             "p95 ms",
             f"p95 ÷ p50 at {first}",
             "turns with a gap",
+            "replies cut",
             "CPU s per call-minute",
             "peak RSS MB",
             "the controller's plans",
@@ -377,6 +385,7 @@ class LoadSweep:
                 _number(report.voice_to_voice_ms.p95),
                 _number(ratio, ".2f"),
                 gaps,
+                str(report.cut_turns),
                 _number(report.cpu_s_per_call_minute, ".2f"),
                 f"{report.server_peak_rss_mb:.0f}",
                 ", ".join(f"{plan} {n}" for plan, n in report.plans.items()) or "-",
