@@ -51,11 +51,7 @@ def bench_command(
     ] = SIP_PORT,
     calls: Annotated[
         list[int] | None,
-        typer.Option(
-            min=1,
-            help="Concurrent calls; repeat for a sweep, run in the order given "
-            "(--calls 1 --calls 16: each load's p95 over the first load's p50)",
-        ),
+        typer.Option(min=1, help="Concurrent calls; repeat for a sweep over loads, in order"),
     ] = None,
     turns: Annotated[int, typer.Option(min=1, help="Turns per call")] = 3,
     out: Annotated[Path, typer.Option(help="Where to write the JSON report")] = Path("bench.json"),
@@ -98,11 +94,13 @@ def bench_command(
         backchannel_after_ms=backchannel,
         token=token,
     )
-    reports: list[BenchReport] = []
-    for load in calls or [1]:
-        report = _with_progress(console, run, url, kind, load, turns)
-        console.print(report)
-        reports.append(report)
+    reports = [_with_progress(console, run, url, kind, load, turns) for load in calls or [1]]
+    _write(console, reports, out)
+
+
+def _write(console: Console, reports: list[BenchReport], out: Path) -> None:
+    """Write the JSON report (a sweep's, with its table shown, for several loads); exit 1 when
+    a call failed or a turn got no reply."""
     if len(reports) == 1:
         out.write_text(reports[0].to_json() + "\n")
     else:
@@ -125,13 +123,13 @@ def _with_progress(
     calls: int,
     turns: int,
 ) -> BenchReport:
-    """`run` (`run_bench` with its options) under a progress bar; exit 2 when the server
-    cannot be reached or the script is impossible."""
+    """`run` (`run_bench` with its options) under a progress bar, then its report shown; exit 2
+    when the server cannot be reached or the script is impossible."""
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
         task = bar.add_task(f"{kind}, {calls} calls: turns", total=calls * turns)
         try:
-            return asyncio.run(
+            report = asyncio.run(
                 run(url, kind, calls, turns, progress=lambda n: bar.update(task, completed=n))
             )
         except ValueError as exc:
@@ -140,3 +138,5 @@ def _with_progress(
         except httpx.HTTPError as exc:
             console.print(f"[red]{explain(exc, url)}[/]", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from exc
+    console.print(report)
+    return report
