@@ -51,6 +51,7 @@ class RungCall:
     callback: str | None
     reported_at: float | None = None  # when its end was reported (before the POST)
     callback_status: int | None = None
+    error: str | None = None  # what broke the fake's side of it (a test's failure shows it)
 
 
 @dataclass
@@ -101,6 +102,13 @@ class CampaignTwilio(OutboundApis):
         return response
 
     async def _ring(self, call: RungCall, form: dict[str, str]) -> None:
+        try:
+            await self._ring_out(call, form)
+        except Exception as exc:  # kept for the test's failure message, not swallowed silently
+            call.error = repr(exc)
+            raise
+
+    async def _ring_out(self, call: RungCall, form: dict[str, str]) -> None:
         await asyncio.sleep(RING_S)  # the fake's ringing, not a wait on Hotline
         status, extra = call.happened, {}
         if call.happened == "answer":
