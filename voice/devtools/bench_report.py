@@ -196,8 +196,7 @@ class BenchReport:
         if words is not None and words.p50 is not None:
             cost += f"\nreplies: p50 {words.p50:.0f} words (max {_number(words.max)})"
         if self.plans:
-            counted = ", ".join(f"{plan} {count}" for plan, count in self.plans.items())
-            cost += f"\nthe controller's plans: {counted}"
+            cost += f"\nthe controller's plans: {_counted(self.plans)}"
         if self.playback_turns:
             cost += (
                 f"\nplayback: {self.gap_turns} of {self.playback_turns} turns with a gap over "
@@ -219,6 +218,11 @@ class BenchReport:
 
 def _number(value: float | None, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _counted(plans: dict[str, int]) -> str:
+    """Plans and their counts, as in "low on fast 60, medium on fast 4"."""
+    return ", ".join(f"{plan} {count}" for plan, count in plans.items())
 
 
 def summarize(
@@ -388,6 +392,6 @@ class LoadSweep:
                 str(report.cut_turns),
                 _number(report.cpu_s_per_call_minute, ".2f"),
                 f"{report.server_peak_rss_mb:.0f}",
-                ", ".join(f"{plan} {n}" for plan, n in report.plans.items()) or "-",
+                _counted(report.plans) or "-",
             )
         return table
