@@ -14,8 +14,14 @@ machine within the hour) two at once gave playback gaps in 0-4 of 96 turns again
 voice-to-voice p50 720-820 against 960-1100 ms, 3.8-4.0 CPU-s per call-minute against 4.4. Each
 run holds its intermediate tensors in onnxruntime's arena (about 125 MB for a 90-character
 sentence), so two at once cost memory: 926 MB at the 24-call peak, 867 MB with malloc's heaps
-capped (`voice/server/malloc.py`). Thread spinning is off so an idle voice leaves the cores to
-speech recognition. A synthesis still waiting in line when its caller is cancelled (barge-in)
+capped (`voice/server/malloc.py`), 685-691 against 842-856 MB with onnxruntime's memory pattern
+off (`session_options`; two runs each, alternated, human speech), for no more CPU (tts 2.39-2.48
+against 2.49-2.51 CPU-s per call-minute; alone, two threads, five runs each: 3% less). Giving
+the arena's memory back after every run (`memory.enable_memory_arena_shrinkage`) was tried: the
+memory left after a 24-call run fell (650-690 against 810-840 MB) but not the peak, two long
+sentences at once being the peak either way, and synthesis cost 6-10% more (its pages faulted
+in anew each run). Thread spinning is off so an idle voice leaves the cores to speech
+recognition. A synthesis still waiting in line when its caller is cancelled (barge-in)
 never runs; one already running finishes and its audio is dropped. A reply's first chunk waits
 ahead of later sentences (`urgent`): with eight callers answered at once, the later sentences
 have seconds of slack, the first none; a later sentence goes ahead too once the audio before it
@@ -101,13 +107,23 @@ def voice_files(voice: str) -> tuple[Path, Path]:
     return model, config
 
 
-def load_voice(model: Path, config: Path, threads: int = 0, conv2d: bool = True) -> PiperVoice:
-    """A piper voice on the CPU, with an onnxruntime session sized for sharing the machine;
-    `conv2d`: its decoder rewritten (pipeline/piper_graph.py) where that is proven safe."""
+def session_options(threads: int) -> onnxruntime.SessionOptions:
+    """How a voice's onnxruntime session runs: `threads` intra-op threads (0: one per core),
+    none spinning while idle, and no memory pattern: onnxruntime would plan each new input
+    length's intermediate tensors as one block, and sentences seldom repeat a length, so run
+    after run took a block of its own from the arena, which keeps them all."""
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.enable_mem_pattern = False
+    return options
+
+
+def load_voice(model: Path, config: Path, threads: int = 0, conv2d: bool = True) -> PiperVoice:
+    """A piper voice on the CPU, with an onnxruntime session sized for sharing the machine;
+    `conv2d`: its decoder rewritten (pipeline/piper_graph.py) where that is proven safe."""
+    options = session_options(threads)
     session = _rewritten_session(model, options) if conv2d else None
     if session is None:
         session = onnxruntime.InferenceSession(

@@ -69,3 +69,29 @@ def test_threads_allocating_at_once_share_two_heaps_once_capped() -> None:
 @glibc
 def test_an_operators_malloc_arena_max_wins() -> None:
     assert heaps("cap", MALLOC_ARENA_MAX="4") == (False, 4)
+
+
+TRIM_PROBE = textwrap.dedent(
+    """
+    from voice.server.malloc import release_free_memory
+
+    def resident_mb():
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096 / 2**20
+
+    blocks = [bytearray(1000) for _ in range(100_000)]  # 100 MB in malloc's heap
+    last = blocks[-1]  # kept: the heap's top stays in use, so free() cannot shrink it
+    del blocks
+    freed = resident_mb()
+    print(release_free_memory(), freed - resident_mb())
+    """
+)
+
+
+@glibc
+def test_free_pages_malloc_kept_go_back_to_the_system() -> None:
+    done = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    released, dropped_mb = done.stdout.split()
+    assert released == "True"
+    assert float(dropped_mb) > 50  # of the ~100 MB freed below a block still in use

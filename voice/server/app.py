@@ -43,6 +43,7 @@ from voice.recordings.calls import CallRecordings
 from voice.server import metrics
 from voice.server.api import APIError, api_error_response
 from voice.server.calls import Switchboard
+from voice.server.malloc import release_free_memory
 from voice.server.routes.calls import calls_api, calls_live_api
 from voice.server.routes.console import console_api
 from voice.server.routes.experiments import experiments_api
@@ -111,6 +112,7 @@ async def _warm_up(models: list[Any]) -> None:
     caller does not pay for first-use setup."""
     distinct = {id(model): model for model in models}.values()
     await asyncio.gather(*(asyncio.to_thread(model.warm_up) for model in distinct))
+    await asyncio.to_thread(release_free_memory)  # what loading and warming up freed
 
 
 async def _llm_router(settings: Settings, stack: contextlib.AsyncExitStack) -> TierRouter:
