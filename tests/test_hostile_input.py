@@ -53,8 +53,8 @@ def form_body(total: int, chunk: int = 256 * 1024) -> Iterator[bytes]:
 
 
 def test_a_streamed_oversized_webhook_body_is_refused_without_being_held(server: Server) -> None:
-    """256 MB, because the server's peak RSS from loading its models is ~100 MB above where it
-    settles: a smaller body held in memory might not raise the peak at all."""
+    """256 MB, far more than the server's memory moves by otherwise: held, it would raise the
+    peak (counted from when the server became ready) by that much."""
     before = health(server)
     response = httpx.post(
         f"{server.url}/twilio/voice",

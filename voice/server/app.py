@@ -44,6 +44,7 @@ from voice.server import metrics
 from voice.server.api import APIError, api_error_response
 from voice.server.calls import Switchboard
 from voice.server.malloc import release_free_memory
+from voice.server.resident import reset_peak_rss
 from voice.server.routes.calls import calls_api, calls_live_api
 from voice.server.routes.console import console_api
 from voice.server.routes.experiments import experiments_api
@@ -113,6 +114,7 @@ async def _warm_up(models: list[Any]) -> None:
     distinct = {id(model): model for model in models}.values()
     await asyncio.gather(*(asyncio.to_thread(model.warm_up) for model in distinct))
     await asyncio.to_thread(release_free_memory)  # what loading and warming up freed
+    reset_peak_rss()  # /healthz's peak: the calls', not the loading's
 
 
 async def _llm_router(settings: Settings, stack: contextlib.AsyncExitStack) -> TierRouter:

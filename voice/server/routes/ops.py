@@ -16,19 +16,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from voice.server.auth import authorized, require_token
 from voice.server.calls import Switchboard
+from voice.server.resident import peak_rss_bytes, rss_bytes
 from voice.server.routes import switchboard
 from voice.server.routes.console import sign_in_page
 
 ops_api = APIRouter()
-
-
-def _rss_bytes() -> int:
-    """Resident set size now (Linux /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * resource.getpagesize()
-    except OSError:
-        return 0
 
 
 def cpu_by_thread() -> dict[str, float]:
@@ -87,8 +79,8 @@ async def health(request: Request) -> dict[str, object]:
         "status": "ok",
         "active_calls": len(switchboard(request).active),
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
-        "rss_mb": round(_rss_bytes() / 2**20, 1),
-        "peak_rss_mb": round(usage.ru_maxrss / 1024, 1),  # Linux reports KiB
+        "rss_mb": round(rss_bytes() / 2**20, 1),
+        "peak_rss_mb": round(peak_rss_bytes() / 2**20, 1),  # since the server became ready
         "cpu_by_thread": await asyncio.to_thread(cpu_by_thread),
     }
 
