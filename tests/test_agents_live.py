@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +29,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from typer.testing import CliRunner
 
 from tests.support.metrics import Samples, scrape
 from tests.support.poll import until, wait_until
@@ -34,7 +36,6 @@ from tests.support.server import Server, free_port, logged, start_server, stop_s
 from tests.support.speech import heard, utterance
 from voice.agents.http_tools import SIGNATURE_HEADER, verify
 from voice.audio import write_wav
-from voice.cli.main import app as cli
 from voice.devtools.phone_caller import twilio_sid
 from voice.devtools.twilio_call import place_twilio_call
 from voice.devtools.webrtc_caller import place_call
@@ -236,7 +237,6 @@ def test_the_caller_tool_dials_a_number_and_hears_the_greeting_out(
     anyway."""
     wav = tmp_path / "hello.wav"
     write_wav(wav, utterance("Hello, are you open today?"))
-    out = str(tmp_path / "reply.wav")
     runs = {  # transport: (how, the agent called, the caller's number)
         "twilio": (("--twilio", agents_server.url), "receptionist", "+15555550111"),
         "telnyx": (("--telnyx",), "receptionist", "+15555550112"),
@@ -244,13 +244,24 @@ def test_the_caller_tool_dials_a_number_and_hears_the_greeting_out(
         "vonage": (("--vonage",), "orders", "+15555550123"),
     }
     numbers = {"receptionist": RECEPTIONIST, "orders": ORDERS}
-    for transport, (how, agent, caller) in runs.items():
+    environment = {k: v for k, v in os.environ.items() if k != "HOTLINE_API_TOKEN"}
+    callers = {}  # the four at once, each its own `hotline call` process
+    for transport, (how, agent, _) in runs.items():
+        out = str(tmp_path / f"reply-{transport}.wav")
         command = ["call", "--wav", str(wav), "--out", out, "--url", agents_server.url, *how]
-        command += ["--to", numbers[agent], "--from", caller]
-        result = CliRunner().invoke(cli, command, env={"HOTLINE_API_TOKEN": None})
-        assert result.exit_code == 0, result.output
-        found = re.search(r"call (\S+) \(1/1\)", result.output)
-        assert found, result.output
+        command += ["--to", numbers[agent], "--from", runs[transport][2]]
+        callers[transport] = subprocess.Popen(
+            [sys.executable, "-m", "voice", *command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=environment,
+        )
+    for transport, (_, agent, caller) in runs.items():
+        output, _ = callers[transport].communicate(timeout=120)
+        assert callers[transport].returncode == 0, output
+        found = re.search(r"call (\S+) \(1/1\)", output)
+        assert found, output
         call = detail(agents_server, found.group(1))
         assert (call["transport"], call["agent"], call["caller"]) == (transport, agent, caller)
         if agent == "receptionist":
