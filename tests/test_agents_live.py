@@ -246,10 +246,10 @@ def test_the_caller_tool_dials_a_number_and_hears_the_greeting_out(
     numbers = {"receptionist": RECEPTIONIST, "orders": ORDERS}
     environment = {k: v for k, v in os.environ.items() if k != "HOTLINE_API_TOKEN"}
     callers = {}  # the four at once, each its own `hotline call` process
-    for transport, (how, agent, _) in runs.items():
+    for transport, (how, agent, caller) in runs.items():
         out = str(tmp_path / f"reply-{transport}.wav")
         command = ["call", "--wav", str(wav), "--out", out, "--url", agents_server.url, *how]
-        command += ["--to", numbers[agent], "--from", runs[transport][2]]
+        command += ["--to", numbers[agent], "--from", caller]
         callers[transport] = subprocess.Popen(
             [sys.executable, "-m", "voice", *command],
             stdout=subprocess.PIPE,
