@@ -216,10 +216,9 @@ async def _serve_sip_and_calls_out(
     stack.callback(campaigning.cancel)
 
 
-@contextlib.asynccontextmanager
-async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings: Settings = app.state.settings
-    directory = agent_directory(settings)  # bad agent files stop the server before anything
+def _prepare(app: FastAPI, settings: Settings) -> None:
+    """What the settings decide before any model loads: stream tokens, the warning for a
+    server exposed without a token, the ICE addresses, numpy's threads."""
     secret = settings.stream_secret()
     ttl_s = settings.telephony.stream_token_ttl_s
     app.state.stream_tokens = StreamTokens(secret, ttl_s) if secret is not None else None
@@ -229,6 +228,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     # numpy's BLAS on one thread: its matrices here are small (faster-whisper's mel filter bank),
     # and OpenBLAS's idle threads spin, which doubled the CPU of every transcription (70 ms).
     threadpoolctl.threadpool_limits(1, user_api="blas")
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    directory = agent_directory(settings)  # bad agent files stop the server before anything
+    _prepare(app, settings)
     stt = SpeechToText.shared(settings.stt)
     phone_stt = SpeechToText.shared(settings.phone_stt)
     tts = TextToSpeech.shared(settings.tts)
