@@ -45,7 +45,7 @@ from piper.config import PiperConfig, SynthesisConfig
 from piper.voice import PiperVoice
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.piper_graph import NotRewritable, decoder_as_2d
+from pipeline.piper_graph import NotRewritable, rewritten_voice
 from pipeline.scheduling import Urgency, UrgentFirst
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def _rewritten_session(
 ) -> onnxruntime.InferenceSession | None:
     """The voice with its decoder as 2-D, or None (logged) where it runs as shipped."""
     try:
-        source = decoder_as_2d(model)
+        source = rewritten_voice(model)
     except NotRewritable as why:
         log.warning("piper: %s runs as shipped: %s", model.name, why)
         return None

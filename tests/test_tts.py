@@ -173,7 +173,7 @@ MEMORY_PROBE = """
 import sys, threading
 import onnxruntime
 from piper.voice import PiperVoice
-from pipeline.piper_graph import decoder_as_2d
+from pipeline.piper_graph import rewritten_voice
 from pipeline.tts import BUNDLED_VOICE, TextToSpeech, session_options, voice_files
 
 def anon_mb():
@@ -185,7 +185,7 @@ tts = TextToSpeech()
 if sys.argv[1] == "pattern":  # the same voice with onnxruntime's default memory pattern
     options = session_options(1)
     options.enable_mem_pattern = True
-    source = decoder_as_2d(voice_files(BUNDLED_VOICE)[0])
+    source = rewritten_voice(voice_files(BUNDLED_VOICE)[0])
     model = source if isinstance(source, bytes) else str(source)
     session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     tts._voice = PiperVoice(session=session, config=tts._voice.config)

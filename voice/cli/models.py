@@ -45,12 +45,12 @@ def fetch_models_command() -> None:
     """Fetch the model files that do not ship as packages of their own (Smart Turn v3.2), and
     build the bundled piper voice rewritten for blocked kernels (pipeline/piper_graph.py) so that no
     server builds it at start-up."""
-    from pipeline.piper_graph import NotRewritable, decoder_as_2d
+    from pipeline.piper_graph import NotRewritable, rewritten_voice
     from pipeline.tts import BUNDLED_VOICE, voice_files
 
     print(f"Smart Turn v3.2: {fetch_smart_turn()}")
     try:
-        built = decoder_as_2d(voice_files(BUNDLED_VOICE)[0])
+        built = rewritten_voice(voice_files(BUNDLED_VOICE)[0])
     except NotRewritable as why:
         print(f"piper voice: runs as shipped ({why})")
         return
