@@ -85,8 +85,9 @@ class TTSSettings(BaseModel):
     # Syntheses that run at once in this process for this voice; the rest wait in line. Each
     # holds its own working memory (about 125 MB for a long sentence).
     parallel: int = Field(default=2, ge=1)
-    # Run the decoder's convolutions as 2-D ones (pipeline/piper_graph.py): the same audio for
-    # about 10% less CPU; the rewritten voice is cached in $HOTLINE_CACHE_DIR/piper.
+    # Run the voice rewritten for onnxruntime's blocked kernels (pipeline/piper_graph.py): the
+    # same audio for about a quarter less CPU; the rewritten voice is cached in
+    # $HOTLINE_CACHE_DIR/piper.
     conv2d: bool = True
 
 
@@ -122,7 +123,7 @@ def session_options(threads: int) -> onnxruntime.SessionOptions:
 
 def load_voice(model: Path, config: Path, threads: int = 0, conv2d: bool = True) -> PiperVoice:
     """A piper voice on the CPU, with an onnxruntime session sized for sharing the machine;
-    `conv2d`: its decoder rewritten (pipeline/piper_graph.py) where that is proven safe."""
+    `conv2d`: rewritten (pipeline/piper_graph.py) where that is proven safe."""
     options = session_options(threads)
     session = _rewritten_session(model, options) if conv2d else None
     if session is None:
@@ -137,7 +138,7 @@ def load_voice(model: Path, config: Path, threads: int = 0, conv2d: bool = True)
 def _rewritten_session(
     model: Path, options: onnxruntime.SessionOptions
 ) -> onnxruntime.InferenceSession | None:
-    """The voice with its decoder as 2-D, or None (logged) where it runs as shipped."""
+    """The voice rewritten, or None (logged) where it runs as shipped."""
     try:
         source = rewritten_voice(model)
     except NotRewritable as why:
