@@ -90,18 +90,40 @@ def rewritten_voice(model: Path) -> Path | bytes:
 
 
 def _rewritten(model: Path) -> bytes:
+    """The voice rewritten and checked; where the whole rewrite fails its check, rewrite 1
+    alone (the decoder as 2-D) is tried, so that a voice the newer steps do not suit keeps
+    what the older one gave it."""
     import onnx
 
-    proto = onnx.load(str(model))
-    rewrite(proto)
-    data: bytes = proto.SerializeToString()
+    refusal: NotRewritable | None = None
+    for blocked in (True, False):
+        proto = onnx.load(str(model))
+        try:
+            try:
+                rewrite(proto, blocked=blocked)
+            except (KeyError, IndexError, ValueError) as error:  # a graph the passes misread
+                raise NotRewritable(f"{type(error).__name__}: {error}") from error
+            data: bytes = proto.SerializeToString()
+            _check(model, data)
+        except NotRewritable as why:
+            if blocked:
+                log.warning(
+                    "piper: %s: rewrite %d refused (%s); trying rewrite 1", model.name, REWRITE, why
+                )
+            refusal = refusal or why
+            continue
+        return data
+    raise refusal or NotRewritable("no rewrite passed its check")
+
+
+def _check(model: Path, data: bytes) -> None:
+    """Raises NotRewritable unless the rewritten voice runs and sounds as the shipped one."""
     try:
         difference = largest_difference(str(model), data)
     except Exception as error:  # onnxruntime refused or failed to run the rewritten graph
         raise NotRewritable(f"the rewritten voice does not run: {error}") from error
     if not difference <= TOLERANCE:
         raise NotRewritable(f"the rewritten voice's samples differ by {difference:.2g}")
-    return data
 
 
 def largest_difference(original: str, rewritten: bytes) -> float:

@@ -21,8 +21,10 @@ class NotRewritable(Exception):
     """The model's decoder is not one this rewrite knows to be safe."""
 
 
-def rewrite(model: onnx.ModelProto) -> None:
-    """Rewrite `model`'s decoder in place (see the module's text). Raises NotRewritable."""
+def rewrite(model: onnx.ModelProto, blocked: bool = True) -> None:
+    """Rewrite `model` in place: its decoder as 2-D (rewrite 1) and, with `blocked`, the steps
+    that keep onnxruntime in its blocked layout (rewrite 2; pipeline/piper_graph.py). Raises
+    NotRewritable."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
@@ -68,6 +70,8 @@ def rewrite(model: onnx.ModelProto) -> None:
     kept = [info for info in graph.value_info if info.name not in produced]
     del graph.value_info[:]
     graph.value_info.extend(kept)  # the decoder's inferred 3-D shapes no longer hold
+    if not blocked:
+        return
     _upsampling_as_convolutions(graph)
     _activations_as_blocked(graph)
     _declare_lengths(model)
@@ -182,6 +186,7 @@ def _activations_as_blocked(graph: onnx.GraphProto) -> None:
             kernel_shape=[1, 1],
         )
 
+    outputs = {output.name for output in graph.output}
     replaced: dict[int, list[onnx.NodeProto]] = {}  # node id -> the nodes in its place
     blocked_inputs: dict[str, str] = {}  # tensor -> its copy from an identity convolution
     for node in graph.node:
@@ -190,6 +195,7 @@ def _activations_as_blocked(graph: onnx.GraphProto) -> None:
         if (
             not node.name.startswith(DECODER)
             or not readers
+            or node.output[0] in outputs
             or not 0 < slope < 1
             or any(r.op_type != "Conv" or list(r.input).count(node.output[0]) != 1 for r in readers)
             or any(r.input[0] != node.output[0] or r.input[1] not in initializers for r in readers)
@@ -201,7 +207,8 @@ def _activations_as_blocked(graph: onnx.GraphProto) -> None:
         if divisor is not None and division is not None and len(users[source]) == 1:
             source, factor = division.input[0], slope / divisor
             replaced[id(division)] = []
-        channels = int(initializers[readers[0].input[1]].dims[1])
+        group = next((a.i for a in readers[0].attribute if a.name == "group"), 1)
+        channels = int(initializers[readers[0].input[1]].dims[1]) * max(group, 1)
         at = f"{node.name}/blocked"
         parts = []
         if producers[source].op_type not in BLOCKED:
@@ -281,7 +288,7 @@ def _declare_lengths(model: onnx.ModelProto) -> None:
     for node in graph.node:
         if not node.name.startswith(DECODER):
             continue
-        if node.name.endswith("/polyphase/Slice"):
+        if node.name.endswith("/polyphase/Slice") or node.op_type == "ConvTranspose":
             stage += 1
         elif "/polyphase/" in node.name or node.op_type not in BLOCKED:
             continue

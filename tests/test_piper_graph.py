@@ -137,6 +137,15 @@ def test_the_rewritten_decoder_computes_the_same_samples_with_2d_convolutions() 
     assert shapes["/dec/ups.0/ConvTranspose"] == [0, 1, 0, 1]
     assert shapes["/flow/Conv"] == [0, 1, 0, 1]  # outside the decoder, between its own reshapes
     assert [n.op_type for n in model.graph.node].count("Unsqueeze") == 2
+    lengths = {i.name: i.type.tensor_type.shape.dim[3].dim_param for i in model.graph.value_info}
+    assert lengths["a"] == "/dec/length_0" and lengths["d"] == "/dec/length_1"  # upsampled
+
+
+def test_rewrite_1_alone_keeps_the_upsampling_for_voices_rewrite_2_does_not_suit() -> None:
+    model = decoder_model(group=1)
+    rewrite(model, blocked=False)
+    operations = [n.op_type for n in model.graph.node]
+    assert "ConvTranspose" in operations and operations.count("Unsqueeze") == 1
 
 
 @pytest.mark.parametrize("length", [1, 2, 37])
