@@ -11,7 +11,7 @@ sentences of a restaurant booking, alternated five times): 0.0593 → 0.0532 CPU
 speech (median), resident memory the same (+7 MB after synthesis), the audio the same (largest
 difference below 1e-5).
 
-Rewrite 2 (pipeline/piper_layout.py) goes further. The decoder's upsamplings, transposed
+Rewrite 2 (pipeline/piper_passes.py, piper_layout.py) goes further. The decoder's upsamplings, transposed
 convolutions that onnxruntime runs as a GEMM and a col2im outside the blocked kernels (10% of a
 synthesis), become ordinary convolutions of their phases, interleaved. Its leaky ReLUs, which
 onnxruntime does not run in the blocked layout, become a ReLU, a per-channel scaling and an
