@@ -11,15 +11,15 @@ sentences of a restaurant booking, alternated five times): 0.0593 → 0.0532 CPU
 speech (median), resident memory the same (+7 MB after synthesis), the audio the same (largest
 difference below 1e-5).
 
-Rewrite 2 (pipeline/piper_passes.py, piper_layout.py) goes further. The decoder's upsamplings, transposed
-convolutions that onnxruntime runs as a GEMM and a col2im outside the blocked kernels (10% of a
-synthesis), become ordinary convolutions of their phases, interleaved. Its leaky ReLUs, which
-onnxruntime does not run in the blocked layout, become a ReLU, a per-channel scaling and an
-addition, which it does, so the decoder's data is no longer reordered out and back in around
-each of them and each residual addition (38 reorders a synthesis, 8 now). And the 1-D
-convolutions outside the decoder (the text encoder, the flow, the duration predictor: a third of
-a synthesis) each run as a 2-D one. Five real sentences, nine rounds alternated with rewrite 1
-on the same machine: 0.0675 → 0.0614 CPU-s per second of speech (median; -9%), largest
+Rewrite 2 (pipeline/piper_passes.py, piper_layout.py) goes further. The decoder's upsamplings,
+transposed convolutions that onnxruntime runs as a GEMM and a col2im outside the blocked kernels
+(10% of a synthesis), become ordinary convolutions of their phases, interleaved. Its leaky
+ReLUs, which onnxruntime does not run in the blocked layout, become a ReLU, a per-channel
+scaling and an addition, which it does, so the decoder's data is no longer reordered out and
+back in around each of them and each residual addition (38 reorders a synthesis, 8 now). And the
+1-D convolutions outside the decoder (the text encoder, the flow, the duration predictor: a
+third of a synthesis) each run as a 2-D one. Five real sentences, nine rounds alternated with
+rewrite 1 on the same machine: 0.0675 → 0.0614 CPU-s per second of speech (median; -9%), largest
 difference 1.6e-5. onnxruntime keeps the weights it reorders for its blocked kernels beside the
 originals until they are freed, so loading the voice peaks about 60 MB higher; once malloc's
 free pages are given back (the server does it once warm) it holds what rewrite 1 did (161
