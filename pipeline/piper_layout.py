@@ -167,6 +167,47 @@ def activations_as_blocked(graph: onnx.GraphProto) -> None:
     graph.node.extend(nodes)
 
 
+def narrow_convolutions_as_depthwise(graph: onnx.GraphProto) -> None:
+    """The decoder's convolutions to one channel (its last, to the waveform) as a depthwise
+    convolution and a sum over channels: onnxruntime's blocked kernel computes a whole block of
+    output channels (8 or 16) and keeps one, where the depthwise one computes each input channel
+    once. -1.8% of a synthesis for the bundled voice."""
+    from onnx import helper, numpy_helper
+
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        weights = initializers.get(node.input[1]) if node.op_type == "Conv" else None
+        attributes = {a.name: a for a in node.attribute}
+        if (
+            weights is None
+            or not node.name.startswith(DECODER)
+            or list(weights.dims)[:1] != [1]
+            or len(weights.dims) != 4
+            or (len(node.input) > 2 and node.input[2])
+            or ("group" in attributes and attributes["group"].i != 1)
+        ):
+            nodes.append(node)
+            continue
+        channels, at = int(weights.dims[1]), f"{node.name}/depthwise"
+        kernels = numpy_helper.to_array(weights).reshape(channels, 1, 1, -1)
+        graph.initializer.append(numpy_helper.from_array(kernels, f"{at}/weights"))
+        graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64), f"{at}/axes"))
+        depthwise = helper.make_node(
+            "Conv", [node.input[0], f"{at}/weights"], [f"{at}/out"], name=at
+        )
+        depthwise.attribute.extend(a for a in node.attribute if a.name != "group")
+        depthwise.attribute.append(helper.make_attribute("group", channels))
+        nodes += [
+            depthwise,
+            helper.make_node(
+                "ReduceSum", [f"{at}/out", f"{at}/axes"], [node.output[0]], name=f"{at}/Sum"
+            ),
+        ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
 def _positive_scalar(
     node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto]
 ) -> float | None:

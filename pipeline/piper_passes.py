@@ -12,6 +12,7 @@ from pipeline.piper_layout import (
     DECODER,
     activations_as_blocked,
     declare_lengths,
+    narrow_convolutions_as_depthwise,
     upsampling_as_convolutions,
 )
 
@@ -79,6 +80,7 @@ def rewrite(model: onnx.ModelProto, blocked: bool = True) -> None:
         return
     upsampling_as_convolutions(graph)
     activations_as_blocked(graph)
+    narrow_convolutions_as_depthwise(graph)
     declare_lengths(model)
     _convolutions_outside_as_2d(graph)
     used = {name for node in graph.node for name in node.input}

@@ -172,6 +172,7 @@ def test_leaky_relus_become_blocked_operations_with_the_same_samples() -> None:
     np.testing.assert_allclose(run(model, x), before, atol=1e-5)
     operations = [n.op_type for n in model.graph.node if n.name.startswith("/dec/")]
     assert "LeakyRelu" not in operations and "Div" not in operations
+    assert "ReduceSum" in operations  # the convolution to one channel, as a depthwise one
     assert operations.count("Relu") == 3  # after conv_pre, after the upsampling, after the block
     # the residual addition reads the upsampling's output through an identity convolution
     residual = next(n for n in model.graph.node if n.name == "/dec/resblocks.0/Add")
