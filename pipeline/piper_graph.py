@@ -20,7 +20,7 @@ back in around each of them and each residual addition (38 reorders a synthesis,
 1-D convolutions outside the decoder (the text encoder, the flow, the duration predictor: a
 third of a synthesis) each run as a 2-D one, and the decoder's last convolution, to one channel,
 is a depthwise one and a sum (-2%). Five real sentences, nine rounds alternated with
-rewrite 1 on the same machine: 0.0675 → 0.0614 CPU-s per second of speech (median; -9%), largest
+rewrite 1 on the same machine: 0.0668 → 0.0605 CPU-s per second of speech (median; -9%), largest
 difference 1.6e-5. onnxruntime keeps the weights it reorders for its blocked kernels beside the
 originals until they are freed, so loading the voice peaks about 60 MB higher; once malloc's
 free pages are given back (the server does it once warm) it holds what rewrite 1 did (161
