@@ -4,7 +4,7 @@ in 2-D; pipeline/piper_graph.py says why and what they measured)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,7 +22,6 @@ def upsampling_as_convolutions(graph: onnx.GraphProto) -> None:
     computes every phase, and a reshape, transpose and reshape interleave them in time; the
     slice takes off the transposed convolution's padding. onnxruntime runs that convolution
     with its blocked kernels, where a transposed one is a GEMM and a col2im."""
-    from onnx import helper, numpy_helper
 
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     nodes: list[onnx.NodeProto] = []
@@ -31,62 +30,62 @@ def upsampling_as_convolutions(graph: onnx.GraphProto) -> None:
         if layout is None:
             nodes.append(node)
             continue
-        stride, pad = layout
-        name = node.name
-        weights = numpy_helper.to_array(initializers[node.input[1]])  # (in, out, 1, k)
-        ins, outs, _, kernel = weights.shape
-        taps = kernel // stride
-        # tap l of phase r is weights[..., r + l * stride], applied to input q - l
-        phases = weights.reshape(ins, outs, taps, stride).transpose(1, 3, 0, 2)[..., ::-1]
-        tensors = {
-            "weights": phases.reshape(outs * stride, ins, 1, taps),
-            "phases": np.array([1, outs, stride, -1], dtype=np.int64),
-            "interleaved": np.array([1, outs, 1, -1], dtype=np.int64),
-            "starts": np.array([pad], dtype=np.int64),
-            "ends": np.array([-pad if pad else np.iinfo(np.int64).max], dtype=np.int64),
-            "axes": np.array([3], dtype=np.int64),
-        }
-        if len(node.input) > 2 and node.input[2]:
-            bias = numpy_helper.to_array(initializers[node.input[2]])
-            tensors["bias"] = np.repeat(bias, stride)
-        for key, value in tensors.items():
-            array = value.astype(np.float32) if key in ("weights", "bias") else value
-            graph.initializer.append(numpy_helper.from_array(array, f"{name}/polyphase/{key}"))
-        at = f"{name}/polyphase"
-        convolution = [node.input[0], f"{at}/weights"] + (
-            [f"{at}/bias"] if "bias" in tensors else []
-        )
-        nodes += [
-            helper.make_node(
-                "Conv",
-                convolution,
-                [f"{at}/out"],
-                name=f"{at}/Conv",
-                kernel_shape=[1, taps],
-                pads=[0, taps - 1, 0, taps - 1],
-            ),
-            helper.make_node(
-                "Reshape", [f"{at}/out", f"{at}/phases"], [f"{at}/split"], name=f"{at}/Reshape"
-            ),
-            helper.make_node(
-                "Transpose",
-                [f"{at}/split"],
-                [f"{at}/moved"],
-                name=f"{at}/Transpose",
-                perm=[0, 1, 3, 2],
-            ),
-            helper.make_node(
-                "Reshape", [f"{at}/moved", f"{at}/interleaved"], [f"{at}/joined"], name=f"{at}/Join"
-            ),
-            helper.make_node(
-                "Slice",
-                [f"{at}/joined", f"{at}/starts", f"{at}/ends", f"{at}/axes"],
-                [node.output[0]],
-                name=f"{at}/Slice",
-            ),
-        ]
+        nodes += _polyphase(graph, node, initializers, *layout)
     del graph.node[:]
     graph.node.extend(nodes)
+
+
+def _polyphase(
+    graph: onnx.GraphProto,
+    node: onnx.NodeProto,
+    initializers: dict[str, onnx.TensorProto],
+    stride: int,
+    pad: int,
+) -> list[onnx.NodeProto]:
+    """The nodes that compute transposed convolution `node` in its polyphase form (their
+    constants added to `graph`)."""
+    from onnx import helper, numpy_helper
+
+    name = node.name
+    weights = numpy_helper.to_array(initializers[node.input[1]])  # (in, out, 1, k)
+    ins, outs, _, kernel = weights.shape
+    taps = kernel // stride
+    # tap l of phase r is weights[..., r + l * stride], applied to input q - l
+    phases = weights.reshape(ins, outs, taps, stride).transpose(1, 3, 0, 2)[..., ::-1]
+    tensors = {
+        "weights": phases.reshape(outs * stride, ins, 1, taps),
+        "phases": np.array([1, outs, stride, -1], dtype=np.int64),
+        "interleaved": np.array([1, outs, 1, -1], dtype=np.int64),
+        "starts": np.array([pad], dtype=np.int64),
+        "ends": np.array([-pad if pad else np.iinfo(np.int64).max], dtype=np.int64),
+        "axes": np.array([3], dtype=np.int64),
+    }
+    if len(node.input) > 2 and node.input[2]:
+        bias = numpy_helper.to_array(initializers[node.input[2]])
+        tensors["bias"] = np.repeat(bias, stride)
+    for key, value in tensors.items():
+        array = value.astype(np.float32) if key in ("weights", "bias") else value
+        graph.initializer.append(numpy_helper.from_array(array, f"{name}/polyphase/{key}"))
+    at = f"{name}/polyphase"
+    convolution = [node.input[0], f"{at}/weights"] + ([f"{at}/bias"] if "bias" in tensors else [])
+    pads = [0, taps - 1, 0, taps - 1]
+    steps: list[tuple[str, str, list[str], str, dict[str, Any]]] = [  # (operation, name, ...)
+        ("Conv", "Conv", convolution, f"{at}/out", {"kernel_shape": [1, taps], "pads": pads}),
+        ("Reshape", "Reshape", [f"{at}/out", f"{at}/phases"], f"{at}/split", {}),
+        ("Transpose", "Transpose", [f"{at}/split"], f"{at}/moved", {"perm": [0, 1, 3, 2]}),
+        ("Reshape", "Join", [f"{at}/moved", f"{at}/interleaved"], f"{at}/joined", {}),
+        (
+            "Slice",
+            "Slice",
+            [f"{at}/joined", *(f"{at}/{k}" for k in ("starts", "ends", "axes"))],
+            node.output[0],
+            {},
+        ),
+    ]
+    return [
+        helper.make_node(operation, inputs, [output], name=f"{at}/{label}", **attributes)
+        for operation, label, inputs, output, attributes in steps
+    ]
 
 
 def activations_as_blocked(graph: onnx.GraphProto) -> None:
@@ -98,7 +97,7 @@ def activations_as_blocked(graph: onnx.GraphProto) -> None:
     by a positive constant before it (the decoder's mean of its residual blocks) moved there too.
     A tensor that the addition takes from an operation outside the blocked layout (an
     upsampling's slice) passes through an identity depthwise convolution first."""
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
     initializers = {tensor.name: tensor for tensor in graph.initializer}
     producers = {name: node for node in graph.node for name in node.output}
@@ -107,32 +106,13 @@ def activations_as_blocked(graph: onnx.GraphProto) -> None:
         for name in node.input:
             users.setdefault(name, []).append(node)
 
-    def depthwise(source: str, scale: float, channels: int, target: str) -> onnx.NodeProto:
-        weights = np.full((channels, 1, 1, 1), scale, dtype=np.float32)
-        graph.initializer.append(numpy_helper.from_array(weights, f"{target}/weights"))
-        return helper.make_node(
-            "Conv",
-            [source, f"{target}/weights"],
-            [target],
-            name=target,
-            group=channels,
-            kernel_shape=[1, 1],
-        )
-
     outputs = {output.name for output in graph.output}
     replaced: dict[int, list[onnx.NodeProto]] = {}  # node id -> the nodes in its place
     blocked_inputs: dict[str, str] = {}  # tensor -> its copy from an identity convolution
     for node in graph.node:
         slope = next((a.f for a in node.attribute if a.name == "alpha"), 0.01)
-        readers = users.get(node.output[0], []) if node.op_type == "LeakyRelu" else []
-        if (
-            not node.name.startswith(DECODER)
-            or not readers
-            or node.output[0] in outputs
-            or not 0 < slope < 1
-            or any(r.op_type != "Conv" or list(r.input).count(node.output[0]) != 1 for r in readers)
-            or any(r.input[0] != node.output[0] or r.input[1] not in initializers for r in readers)
-        ):
+        readers = _convolutions_reading(node, users, initializers, outputs)
+        if not readers or not 0 < slope < 1:
             continue
         source, factor = node.input[0], slope
         division = producers.get(source)
@@ -147,11 +127,11 @@ def activations_as_blocked(graph: onnx.GraphProto) -> None:
         if producers[source].op_type not in BLOCKED:
             if source not in blocked_inputs:
                 blocked_inputs[source] = f"{source}/blocked"
-                parts.append(depthwise(source, 1.0, channels, blocked_inputs[source]))
+                parts.append(_depthwise(graph, source, 1.0, channels, blocked_inputs[source]))
             source = blocked_inputs[source]
         parts += [
             helper.make_node("Relu", [source], [f"{at}/relu"], name=f"{at}/Relu"),
-            depthwise(f"{at}/relu", (1 - slope) / slope, channels, f"{at}/scaled"),
+            _depthwise(graph, f"{at}/relu", (1 - slope) / slope, channels, f"{at}/scaled"),
             helper.make_node("Add", [f"{at}/scaled", source], [node.output[0]], name=f"{at}/Add"),
         ]
         replaced[id(node)] = parts
@@ -165,6 +145,46 @@ def activations_as_blocked(graph: onnx.GraphProto) -> None:
                     node.input[position] = blocked_inputs[name]
     del graph.node[:]
     graph.node.extend(nodes)
+
+
+def _convolutions_reading(
+    node: onnx.NodeProto,
+    users: dict[str, list[onnx.NodeProto]],
+    initializers: dict[str, onnx.TensorProto],
+    outputs: set[str],
+) -> list[onnx.NodeProto]:
+    """The convolutions that read decoder LeakyRelu `node`'s output as their data, with constant
+    weights; [] unless those are all that read it (and it is not an output of the graph)."""
+    readers = users.get(node.output[0], []) if node.op_type == "LeakyRelu" else []
+    if not node.name.startswith(DECODER) or node.output[0] in outputs:
+        return []
+    for reader in readers:
+        if (
+            reader.op_type != "Conv"
+            or list(reader.input).count(node.output[0]) != 1
+            or reader.input[0] != node.output[0]
+            or reader.input[1] not in initializers
+        ):
+            return []
+    return readers
+
+
+def _depthwise(
+    graph: onnx.GraphProto, source: str, scale: float, channels: int, target: str
+) -> onnx.NodeProto:
+    """A 1x1 depthwise convolution that multiplies every channel of `source` by `scale`."""
+    from onnx import helper, numpy_helper
+
+    weights = np.full((channels, 1, 1, 1), scale, dtype=np.float32)
+    graph.initializer.append(numpy_helper.from_array(weights, f"{target}/weights"))
+    return helper.make_node(
+        "Conv",
+        [source, f"{target}/weights"],
+        [target],
+        name=target,
+        group=channels,
+        kernel_shape=[1, 1],
+    )
 
 
 def narrow_convolutions_as_depthwise(graph: onnx.GraphProto) -> None:
