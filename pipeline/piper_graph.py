@@ -94,27 +94,26 @@ def _rewritten(model: Path) -> bytes:
     """The voice rewritten and checked; where the whole rewrite fails its check, rewrite 1
     alone (the decoder as 2-D) is tried, so that a voice the newer steps do not suit keeps
     what the older one gave it."""
+    try:
+        return _checked_rewrite(model, blocked=True)
+    except NotRewritable as why:
+        log.warning(
+            "piper: %s: rewrite %d refused (%s); trying rewrite 1", model.name, REWRITE, why
+        )
+    return _checked_rewrite(model, blocked=False)
+
+
+def _checked_rewrite(model: Path, blocked: bool) -> bytes:
     import onnx
 
-    refusal: NotRewritable | None = None
-    for blocked in (True, False):
-        proto = onnx.load(str(model))
-        try:
-            try:
-                rewrite(proto, blocked=blocked)
-            except (KeyError, IndexError, ValueError) as error:  # a graph the passes misread
-                raise NotRewritable(f"{type(error).__name__}: {error}") from error
-            data: bytes = proto.SerializeToString()
-            _check(model, data)
-        except NotRewritable as why:
-            if blocked:
-                log.warning(
-                    "piper: %s: rewrite %d refused (%s); trying rewrite 1", model.name, REWRITE, why
-                )
-            refusal = refusal or why
-            continue
-        return data
-    raise refusal or NotRewritable("no rewrite passed its check")
+    proto = onnx.load(str(model))
+    try:
+        rewrite(proto, blocked=blocked)
+    except (KeyError, IndexError, ValueError) as error:  # a graph the passes misread
+        raise NotRewritable(f"{type(error).__name__}: {error}") from error
+    data: bytes = proto.SerializeToString()
+    _check(model, data)
+    return data
 
 
 def _check(model: Path, data: bytes) -> None:
