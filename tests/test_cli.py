@@ -1,13 +1,20 @@
-"""The command line's own options."""
+"""The command line's own options, and `serve`'s uvicorn loop."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
+import socket
 from pathlib import Path
 
+import httpx
 import pytest
+import uvicorn
+from fastapi import FastAPI
 from typer.testing import CliRunner
 
+from tests.support.poll import until
+from voice.cli import main
 from voice.cli.main import app
 
 
@@ -56,3 +63,34 @@ def test_agents_check_fails_as_serve_does_without_starting_it(
     assert checked.exit_code == served.exit_code == 2
     assert named in checked.output and "the agents cannot start" in checked.output
     assert checked.output == served.output
+
+
+async def test_the_server_loop_sleeps_until_asked_to_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve`'s uvicorn loop does not poll (uvicorn's ticks ten times a second, most of an idle
+    server's wake-ups): with its tick an hour long it still answers with a Date header, and a
+    request to exit (what a drain ends with) stops it at once, after one look at the clock."""
+    monkeypatch.setattr(main, "MAIN_LOOP_TICK_S", 3600.0)
+    web = FastAPI()
+    web.get("/ping")(lambda: {"ok": True})
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = main.DrainingServer(
+        uvicorn.Config(web, host="127.0.0.1", port=port, log_config=None), web
+    )
+    ticks: list[int] = []
+    on_tick = server.on_tick
+
+    async def counted(counter: int) -> bool:
+        ticks.append(counter)
+        return await on_tick(counter)
+
+    monkeypatch.setattr(server, "on_tick", counted)
+    serving = asyncio.create_task(server.serve())
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        await until(lambda: server.started or None, "the server listening")
+        answer = await http.get("/ping")
+    assert answer.json() == {"ok": True} and "date" in answer.headers
+    web.state.request_exit()
+    await asyncio.wait_for(serving, 30)
+    assert ticks == [0, 10], ticks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.metadata
 import logging
 import signal
@@ -36,6 +37,7 @@ app = typer.Typer(
     help="Hotline: self-hosted real-time voice AI telephony server.", no_args_is_help=True
 )
 console = Console()
+MAIN_LOOP_TICK_S = 1.0  # how often the server looks whether to exit (woken at once when asked)
 
 
 def _print_version(asked: bool) -> None:
@@ -65,15 +67,35 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.app = app
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._exit_asked: asyncio.Event | None = None
         self._draining = False
         app.state.request_exit = self._stop
 
     def _stop(self) -> None:
         self.should_exit = True
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake `main_loop` now (from any thread, a signal handler included)."""
+        if self._loop is not None and self._exit_asked is not None:
+            self._loop.call_soon_threadsafe(self._exit_asked.set)
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._exit_asked = asyncio.Event()
         await super().serve(sockets)
+
+    async def main_loop(self) -> None:
+        """uvicorn's, ticking once a second where uvicorn ticks ten times: an idle server's event
+        loop woke 15 times a second, 10 of them here (a fifth of an idle server's CPU). A
+        request to exit wakes it at once."""
+        assert self._exit_asked is not None
+        counter = 0
+        while not await self.on_tick(counter):
+            counter += 10  # uvicorn refreshes its Date header on every tenth count
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(MAIN_LOOP_TICK_S):
+                    await self._exit_asked.wait()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         ready = self._loop is not None and hasattr(self.app.state, "switchboard")
@@ -84,6 +106,7 @@ class DrainingServer(uvicorn.Server):
             self._loop.call_soon_threadsafe(self._start_drain)
             return
         super().handle_exit(sig, frame)
+        self._wake()
 
     def _start_drain(self) -> None:
         from voice.server.routes.ops import drain_then_exit
