@@ -37,20 +37,30 @@ the rewritten model is kept in memory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 
+from pipeline.piper_int8 import QUANTIZE, Phonemes, quantized
 from pipeline.piper_passes import NotRewritable, rewrite
 from pipeline.stt import cache_dir
 
-__all__ = ["REWRITE", "NotRewritable", "cached_path", "rewrite", "rewritten_voice"]
+__all__ = [
+    "REWRITE",
+    "NotRewritable",
+    "cached_path",
+    "int8_voice",
+    "rewrite",
+    "rewritten_voice",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,31 +68,56 @@ REWRITE = 2  # bump when the rewrite changes: older cached files are then not us
 TOLERANCE = 1e-4  # largest difference allowed between the two models' samples (in [-1, 1])
 
 
-def cached_path(model: Path) -> Path:
-    """Where the rewritten `model` is cached: named by the voice file's content (its sha256,
-    50 ms for the bundled voice), so a copy of the voice and its cache (a container image)
-    still match."""
+def cached_path(model: Path, int8: bool = False) -> Path:
+    """Where the rewritten `model` is cached (`int8`: with part of it in int8,
+    pipeline/piper_int8.py): named by the voice file's content (its sha256, 50 ms for the
+    bundled voice), so a copy of the voice and its cache (a container image) still match."""
     with model.open("rb") as file:
         digest = hashlib.file_digest(file, "sha256").hexdigest()
-    return cache_dir() / "piper" / f"{model.stem}.{digest[:16]}.conv2d-{REWRITE}.onnx"
+    kind = f"int8-{QUANTIZE}.conv2d-{REWRITE}" if int8 else f"conv2d-{REWRITE}"
+    return cache_dir() / "piper" / f"{model.stem}.{digest[:16]}.{kind}.onnx"
 
 
 def rewritten_voice(model: Path) -> Path | bytes:
     """`model` rewritten (pipeline/piper_passes.py): the cached file, built first if missing
     (the model's bytes where the cache cannot be written). Raises NotRewritable."""
     target = cached_path(model)
+    earlier = target.name.replace(f".conv2d-{REWRITE}.", ".conv2d-*.")
+    return _cached(target, lambda: _rewritten(model), earlier)
+
+
+def int8_voice(model: Path, phonemes: Phonemes) -> Path | bytes:
+    """`model` rewritten and in part in int8 (pipeline/piper_int8.py), cached as
+    `rewritten_voice` is; `phonemes` turns the calibration's text into phoneme ids. Raises
+    NotRewritable, at once where this voice was refused before (the reason is cached)."""
+    target = cached_path(model, int8=True)
+    refused = target.with_suffix(".refused")
+    if not target.is_file() and refused.is_file():
+        raise NotRewritable(refused.read_text(encoding="utf-8", errors="replace"))
+    try:
+        earlier = target.name.replace(f".int8-{QUANTIZE}.conv2d-{REWRITE}.", ".int8-*.conv2d-*.")
+        return _cached(target, lambda: quantized(rewritten_voice(model), phonemes), earlier)
+    except NotRewritable as why:
+        with contextlib.suppress(OSError):
+            refused.write_text(str(why), encoding="utf-8")
+        raise
+
+
+def _cached(target: Path, build: Callable[[], bytes], earlier: str) -> Path | bytes:
+    """`target` if it is a file, else `build()` written there (its bytes where it cannot be);
+    the files beside it that `earlier` matches (a glob of its kind: earlier versions) go."""
     if target.is_file():
         return target
     started = time.monotonic()
-    data = _rewritten(model)
-    log.info("piper: %s rewritten in %.1f s", model.name, time.monotonic() - started)
+    data = build()
+    log.info("piper: %s built in %.1f s", target.name, time.monotonic() - started)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.part")
         partial.write_bytes(data)
         partial.replace(target)  # atomic: another process building it at once is harmless
-        for older in target.parent.glob(target.name.replace(f"-{REWRITE}.", "-*.")):
-            if older != target:  # an earlier rewrite's copy of this voice
+        for older in target.parent.glob(earlier):
+            if older != target:  # an earlier version's copy of this voice
                 older.unlink(missing_ok=True)
     except OSError as error:
         log.warning("piper: cannot cache the rewritten voice in %s (%s)", target.parent, error)

