@@ -92,7 +92,7 @@ class TTSSettings(BaseModel):
     conv2d: bool = True
     # With `conv2d`, run the flow and the decoder's first stage in int8 (pipeline/piper_int8.py):
     # 16% less CPU, audio as near the float voice's as its own noise keeps it; built once and
-    # cached beside the rewrite (20-30 s; `hotline fetch-models` builds the bundled voice's).
+    # cached beside the rewrite (about 10 s; `hotline fetch-models` builds the bundled voice's).
     int8: bool = True
 
 
