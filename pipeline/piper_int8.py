@@ -78,7 +78,8 @@ def int8_convolutions(graph: onnx.GraphProto) -> list[str]:
 
 def quantized(model: Path | bytes, phonemes: Phonemes) -> bytes:
     """`model` (a piper voice, rewritten or not) with `int8_convolutions` quantized, calibrated
-    on `CALIBRATION` and checked (`check`). Raises NotRewritable."""
+    on `CALIBRATION` and checked (`check`). Raises NotRewritable, or MemoryError or OSError
+    where the machine could not build it now."""
     import onnx
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -113,8 +114,8 @@ def quantized(model: Path | bytes, phonemes: Phonemes) -> bytes:
                 weight_type=QuantType.QInt8,
                 per_channel=True,
             )
-        except MemoryError:
-            raise  # not the voice's fault: no refusal to cache
+        except (MemoryError, OSError):
+            raise  # the machine's trouble (memory, disk), not the voice's: no refusal to cache
         except Exception as error:  # a graph onnxruntime's quantizer cannot handle
             raise NotRewritable(f"quantization failed: {type(error).__name__}: {error}") from error
         result = onnx.load(str(target))

@@ -158,6 +158,8 @@ def _rewritten_source(model: Path, phonemes: Phonemes | None) -> Path | bytes:
             return int8_voice(model, phonemes)
         except NotRewritable as why:
             log.warning("piper: %s runs without int8: %s", model.name, why)
+        except (MemoryError, OSError) as error:  # tried again at the next start
+            log.warning("piper: %s runs without int8: not built (%r)", model.name, error)
     return rewritten_voice(model)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -121,3 +122,22 @@ def test_the_check_refuses_a_longer_a_hissing_or_a_different_voice() -> None:
     other = np.roll(speech, RATE // 2) * 0.5 + 0.2 * np.sin(np.arange(len(speech)) * 0.9)
     with pytest.raises(NotRewritable, match="spectrum"):
         check(speech, other.astype(np.float32))
+
+
+def test_a_voice_that_cannot_be_built_now_speaks_in_float_and_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No room for the quantizer's scratch files: the machine's trouble, not the voice's."""
+    model = voice_files(TTSSettings().voice)[0]
+    rewritten = rewritten_voice(model)
+    assert isinstance(rewritten, Path)
+    monkeypatch.setenv("HOTLINE_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "piper").mkdir(parents=True)
+    shutil.copy(rewritten, cached_path(model))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-directory"))
+
+    with caplog.at_level(logging.WARNING, "pipeline.tts"):
+        voice = TextToSpeech(TTSSettings(**QUIET))
+    assert "runs without int8: not built (FileNotFoundError" in caplog.text
+    assert len(voice.synthesize_blocking(TEXT)) > voice.sample_rate
+    assert [p.name for p in (tmp_path / "cache" / "piper").iterdir()] == [cached_path(model).name]

@@ -66,6 +66,8 @@ def fetch_models_command() -> None:
         print(f"piper voice, in part in int8: {_where(int8_voice(model, phonemes))}")
     except NotRewritable as why:
         print(f"piper voice: runs without int8 ({why})")
+    except (MemoryError, OSError) as error:
+        print(f"piper voice: its int8 part not built now ({error!r}); a server tries again")
 
 
 def _where(built: Path | bytes) -> str:
