@@ -13,7 +13,8 @@ The text encoder, which sets phoneme durations through the duration predictor, s
 the voice speaks at the same pace, sample for sample the same length.
 
 Measured on the bundled voice (16 sentences of a contact centre, 2 cores, one intra-op thread):
-0.0552 → 0.0463 CPU-s per second of speech (-16%, five rounds alternated); the floor in pauses
+0.0552 → 0.0463 CPU-s per second of speech (-16%, five rounds alternated; on a slower AMD EPYC
+with AVX-512 VNNI 0.072 → 0.059, -18%); the floor in pauses
 (the 10th percentile of 20 ms frames) within 1-4 dB of float's (-101 against -105 dBFS in the
 quietest); log-spectral distance to float's samples 0.31-0.41 (the decoder's second stage in int8
 too: 0.65-0.78, and its floor -72 where float's is -105); Whisper base hears the same words in
