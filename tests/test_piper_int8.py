@@ -75,15 +75,22 @@ def test_the_bundled_voice_in_int8_is_cached_as_long_as_float_and_cheaper() -> N
     assert min(spent[int8]) < min(spent[float_voice])
 
 
-def test_a_refused_voice_speaks_in_float_and_is_not_tried_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+@pytest.fixture
+def float_only_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache that holds the bundled voice's float rewrite, not its int8 one: its folder."""
     model = voice_files(TTSSettings().voice)[0]
     rewritten = rewritten_voice(model)
     assert isinstance(rewritten, Path)
-    monkeypatch.setenv("HOTLINE_CACHE_DIR", str(tmp_path))
-    (tmp_path / "piper").mkdir()
-    shutil.copy(rewritten, cached_path(model))  # the float rewrite, not the int8 one
+    monkeypatch.setenv("HOTLINE_CACHE_DIR", str(tmp_path / "cache"))
+    cached_path(model).parent.mkdir(parents=True)
+    shutil.copy(rewritten, cached_path(model))
+    return cached_path(model).parent
+
+
+def test_a_refused_voice_speaks_in_float_and_is_not_tried_again(
+    float_only_cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = voice_files(TTSSettings().voice)[0]
     refused = cached_path(model, int8=True).with_suffix(".refused")
     refused.write_text("its floor in pauses is 31 dB above float's")
 
@@ -94,7 +101,7 @@ def test_a_refused_voice_speaks_in_float_and_is_not_tried_again(
     assert "runs without int8: its floor in pauses is 31 dB" in caplog.text
     float_voice = TextToSpeech(TTSSettings(int8=False, **QUIET))
     assert np.array_equal(voice.synthesize_blocking(TEXT), float_voice.synthesize_blocking(TEXT))
-    assert sorted(p.name for p in (tmp_path / "piper").iterdir()) == sorted(
+    assert sorted(p.name for p in float_only_cache.iterdir()) == sorted(
         [cached_path(model).name, refused.name]
     )  # nothing built
 
@@ -125,19 +132,17 @@ def test_the_check_refuses_a_longer_a_hissing_or_a_different_voice() -> None:
 
 
 def test_a_voice_that_cannot_be_built_now_speaks_in_float_and_is_tried_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    float_only_cache: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """No room for the quantizer's scratch files: the machine's trouble, not the voice's."""
     model = voice_files(TTSSettings().voice)[0]
-    rewritten = rewritten_voice(model)
-    assert isinstance(rewritten, Path)
-    monkeypatch.setenv("HOTLINE_CACHE_DIR", str(tmp_path / "cache"))
-    (tmp_path / "cache" / "piper").mkdir(parents=True)
-    shutil.copy(rewritten, cached_path(model))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-directory"))
 
     with caplog.at_level(logging.WARNING, "pipeline.tts"):
         voice = TextToSpeech(TTSSettings(**QUIET))
     assert "runs without int8: not built (FileNotFoundError" in caplog.text
     assert len(voice.synthesize_blocking(TEXT)) > voice.sample_rate
-    assert [p.name for p in (tmp_path / "cache" / "piper").iterdir()] == [cached_path(model).name]
+    assert [p.name for p in float_only_cache.iterdir()] == [cached_path(model).name]
