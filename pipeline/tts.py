@@ -150,38 +150,45 @@ def voice_phonemes(config: PiperConfig) -> Phonemes:
     return lambda text: [voice.phonemes_to_ids(sentence) for sentence in voice.phonemize(text)]
 
 
-def _rewritten_source(model: Path, phonemes: Phonemes | None) -> Path | bytes:
-    """The voice in int8 in part where asked and it passes its check, else rewritten. Raises
-    NotRewritable."""
+def _rewritten_session(
+    model: Path, options: onnxruntime.SessionOptions, phonemes: Phonemes | None
+) -> onnxruntime.InferenceSession | None:
+    """The voice in int8 in part (with `phonemes`) where it passes its check and loads, else
+    rewritten where that loads, else None: it runs as shipped. Each step down is logged."""
     if phonemes is not None:
         try:
-            return int8_voice(model, phonemes)
+            session = _session(model, int8_voice(model, phonemes), options)
         except NotRewritable as why:
             log.warning("piper: %s runs without int8: %s", model.name, why)
         except (MemoryError, OSError) as error:  # tried again at the next start
             log.warning("piper: %s runs without int8: not built (%r)", model.name, error)
-    return rewritten_voice(model)
-
-
-def _rewritten_session(
-    model: Path, options: onnxruntime.SessionOptions, phonemes: Phonemes | None
-) -> onnxruntime.InferenceSession | None:
-    """The voice rewritten (`phonemes`: and in int8 in part), or None (logged) where it runs
-    as shipped."""
+        else:
+            if session is not None:
+                return session
     try:
-        source = _rewritten_source(model, phonemes)
+        return _session(model, rewritten_voice(model), options)
     except NotRewritable as why:
         log.warning("piper: %s runs as shipped: %s", model.name, why)
         return None
+
+
+def _session(
+    model: Path, source: Path | bytes, options: onnxruntime.SessionOptions
+) -> onnxruntime.InferenceSession | None:
+    """`source`, a rewrite of `model`, loaded; None (logged) where it does not load (a damaged
+    cache file: the next version down speaks instead)."""
+    name = source.name if isinstance(source, Path) else "its rewrite, in memory"
     try:
-        return onnxruntime.InferenceSession(
+        session = onnxruntime.InferenceSession(
             source if isinstance(source, bytes) else str(source),
             sess_options=options,
             providers=["CPUExecutionProvider"],
         )
-    except Exception as error:  # a damaged cache file: the voice as shipped still speaks
-        log.warning("piper: the rewritten %s did not load (%s); runs as shipped", model.name, error)
+    except Exception as error:
+        log.warning("piper: %s did not load (%s)", name, error)
         return None
+    log.info("piper: %s speaks as %s", model.name, name)
+    return session
 
 
 class TextToSpeech:

@@ -146,3 +146,16 @@ def test_a_voice_that_cannot_be_built_now_speaks_in_float_and_is_tried_again(
     assert "runs without int8: not built (FileNotFoundError" in caplog.text
     assert len(voice.synthesize_blocking(TEXT)) > voice.sample_rate
     assert [p.name for p in float_only_cache.iterdir()] == [cached_path(model).name]
+
+
+def test_a_damaged_int8_file_leaves_the_float_rewrite_speaking(
+    float_only_cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = voice_files(TTSSettings().voice)[0]
+    cached_path(model, int8=True).write_bytes(b"not a model")
+    with caplog.at_level(logging.INFO, "pipeline.tts"):
+        voice = TextToSpeech(TTSSettings(**QUIET))
+    assert f"{cached_path(model, int8=True).name} did not load" in caplog.text
+    assert f"speaks as {cached_path(model).name}" in caplog.text  # not as shipped
+    float_voice = TextToSpeech(TTSSettings(int8=False, **QUIET))
+    assert np.array_equal(voice.synthesize_blocking(TEXT), float_voice.synthesize_blocking(TEXT))
