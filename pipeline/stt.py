@@ -44,7 +44,8 @@ thread each beat one replica with two threads as soon as two turns overlap (tiny
 finish at 340/382 ms vs 303/620 ms; three at 327/380/636 vs 264/526/786; base: 655/697 vs
 482/965), for +10 ms (tiny.en) or +140 ms (base) on a lone turn. Two replicas with two threads
 each oversubscribe the cores (base: 1.48/1.54 s). Default: two workers, one thread each; more
-turns queue (`Transcript.queued_s`).
+turns queue (`Transcript.queued_s`). A third replica (`lane`) takes only finished turns, so that
+one never waits for a transcription begun early, at a pause, to finish (pipeline/scheduling.py).
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ class STTSettings(BaseModel):
         default=1, ge=0, description="Threads per inference; 0: CTranslate2's own."
     )
     workers: int = Field(default=2, ge=1, description="Inferences run at once; more calls queue.")
+    lane: int = Field(
+        default=1,
+        ge=0,
+        description="Inferences more for finished turns alone, so that one never waits for a "
+        "transcription begun early, at a pause, to finish.",
+    )
     temperature: float = Field(
         default=0.0, ge=0.0, description="One pass, no temperature fallback."
     )
@@ -232,10 +239,10 @@ class SpeechToText:
                 device="cpu",
                 compute_type=self.settings.compute_type,
                 cpu_threads=self.settings.cpu_threads,
-                num_workers=self.settings.workers,
+                num_workers=self.settings.workers + self.settings.lane,
                 local_files_only=True,
             )
-            self._workers = UrgentFirst(self.settings.workers, "stt")
+            self._workers = UrgentFirst(self.settings.workers, "stt", self.settings.lane)
         self._windowed = WindowedDecoder(self._model, self.settings)
         self.load_s = time.perf_counter() - started
 
@@ -280,7 +287,7 @@ class SpeechToText:
         return transcript
 
     def transcribe_blocking(self, audio: np.ndarray) -> Transcript:
-        """Transcribe in the calling thread (still limited to `workers` model replicas)."""
+        """Transcribe in the calling thread (still limited to `workers` + `lane` model replicas)."""
         return self._run(audio, time.perf_counter())
 
     def warm_up(self) -> None:
@@ -289,7 +296,7 @@ class SpeechToText:
         tone = _as_float32(
             (np.sin(np.arange(RATE) * 2 * np.pi * 220 / RATE) * 3000).astype(np.int16)
         )
-        workers = self.settings.workers
+        workers = self.settings.workers + self.settings.lane  # a model replica each
         with ThreadPoolExecutor(workers, thread_name_prefix="stt-warm-up") as pool:
             for job in [pool.submit(self._warm_up_one, tone) for _ in range(workers)]:
                 job.result()

@@ -25,7 +25,10 @@ recognition. A synthesis still waiting in line when its caller is cancelled (bar
 never runs; one already running finishes and its audio is dropped. A reply's first chunk waits
 ahead of later sentences (`urgent`): with eight callers answered at once, the later sentences
 have seconds of slack, the first none; a later sentence goes ahead too once the audio before it
-is about to run out (pipeline/scheduling.py).
+is about to run out (pipeline/scheduling.py). One thread more (`lane=1`) runs urgent syntheses
+alone: a first chunk then starts at once even while both threads are busy with later
+sentences of other calls, and the cores are shared between them (24 calls on 2 cores,
+alternated runs: see the README's tenth-session section).
 """
 
 from __future__ import annotations
@@ -86,6 +89,9 @@ class TTSSettings(BaseModel):
     # Syntheses that run at once in this process for this voice; the rest wait in line. Each
     # holds its own working memory (about 125 MB for a long sentence).
     parallel: int = Field(default=2, ge=1)
+    # Threads more for urgent syntheses alone (a reply's first chunk, a sentence about to be
+    # needed), so that they never wait for a later sentence to finish (pipeline/scheduling.py).
+    lane: int = Field(default=1, ge=0)
     # Run the voice rewritten for onnxruntime's blocked kernels (pipeline/piper_graph.py): the
     # same audio for about a quarter less CPU; the rewritten voice is cached in
     # $HOTLINE_CACHE_DIR/piper.
@@ -214,7 +220,7 @@ class TextToSpeech:
             noise_w_scale=self.settings.noise_w_scale,
             volume=self.settings.volume,
         )
-        self._workers = UrgentFirst(self.settings.parallel, "tts")
+        self._workers = UrgentFirst(self.settings.parallel, "tts", self.settings.lane)
 
     @classmethod
     def shared(cls, settings: TTSSettings | None = None) -> TextToSpeech:

@@ -132,3 +132,39 @@ async def test_the_workers_carry_their_pool_name_in_the_os() -> None:
 
     names = await asyncio.gather(*(pool.run(os_name) for _ in range(4)))
     assert set(names) <= {"tts_0", "tts_1"} and "tts_0" in names
+
+
+async def test_an_urgent_job_starts_on_the_lane_while_the_workers_run_later_ones() -> None:
+    """A first chunk does not wait for another call's long later sentence to finish."""
+    pool, jobs = UrgentFirst(1, "test", lane=1), Jobs()
+    first = asyncio.create_task(pool.run(lambda: jobs.job("later sentence", block=True)))
+    await asyncio.to_thread(jobs.blocking.wait, 10)
+    waiting = asyncio.create_task(pool.run(lambda: jobs.job("next later sentence")))
+    assert await pool.run(lambda: jobs.job("first chunk"), urgent=True) == "first chunk"
+    assert jobs.ran == ["first chunk"] and pool.waiting == 1  # the later one never took the lane
+    jobs.release.set()
+    assert await asyncio.gather(first, waiting) == ["later sentence", "next later sentence"]
+    assert await pool.run(lambda: jobs.job("urgent again"), urgent=True) == "urgent again"
+
+
+async def test_a_job_promoted_while_it_waits_starts_on_the_free_lane() -> None:
+    pool, jobs = UrgentFirst(1, "test", lane=1), Jobs()
+    first = asyncio.create_task(pool.run(lambda: jobs.job("first", block=True)))
+    await asyncio.to_thread(jobs.blocking.wait, 10)
+    soon = Urgency()  # a later sentence whose audio ahead is about to run out
+    promoted = asyncio.create_task(pool.run(lambda: jobs.job("promoted"), soon))
+    await asyncio.sleep(0)
+    assert pool.waiting == 1
+    soon.promote()
+    assert await promoted == "promoted" and jobs.ran == ["promoted"]
+    jobs.release.set()
+    assert await first == "first"
+
+
+async def test_the_lane_adds_to_the_workers_and_no_more() -> None:
+    pool, jobs = UrgentFirst(1, "test", lane=1), Jobs()
+    names = [f"urgent {n}" for n in range(4)] + ["later"]
+    done = await asyncio.gather(
+        *(pool.run(lambda n=n: jobs.job(n), urgent=n != "later") for n in names)
+    )
+    assert done == names and sorted(jobs.ran) == sorted(names) and jobs.most_at_once <= 2

@@ -75,13 +75,33 @@ async def test_concurrent_turns_all_get_their_own_text(tiny: SpeechToText) -> No
 
 
 async def test_busy_while_as_many_transcriptions_wait_as_run(tiny: SpeechToText) -> None:
+    """Early transcriptions (at a pause) are what `busy` holds back: they never take the lane."""
     workers = tiny.settings.workers
     assert not tiny.busy
-    jobs = [asyncio.create_task(tiny.transcribe(turn("Yes please"))) for _ in range(2 * workers)]
+    early = [tiny.transcribe(turn("Yes please"), urgent=False) for _ in range(2 * workers)]
+    jobs = [asyncio.create_task(job) for job in early]
     await asyncio.sleep(0)  # each job has taken a worker or joined the line
     assert tiny.busy and tiny.scheduler.waiting == workers
     await asyncio.gather(*jobs)
     assert not tiny.busy
+
+
+async def test_a_finished_turn_does_not_wait_for_early_transcriptions(tiny: SpeechToText) -> None:
+    """Every worker busy with a long transcription begun at a pause: a finished turn's starts
+    on the lane (its own model replica) at once and is done first."""
+    done: list[str] = []
+
+    def start(name: str, audio: np.ndarray, urgent: bool) -> asyncio.Task[object]:
+        task = asyncio.create_task(tiny.transcribe(audio, urgent=urgent))
+        task.add_done_callback(lambda _: done.append(name))
+        return task
+
+    long = turn(" ".join([BOOKING] * 5))
+    early = [start(f"early {n}", long, False) for n in range(tiny.settings.workers)]
+    await asyncio.sleep(0)  # they hold the workers
+    finished = start("finished turn", turn("Yes please"), True)
+    await asyncio.gather(finished, *early)
+    assert done[0] == "finished turn"
 
 
 def test_shared_returns_one_model_per_settings(tiny: SpeechToText) -> None:
