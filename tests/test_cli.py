@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from tests.support.poll import until
 from voice.cli import main
 from voice.cli.main import app
+from voice.server import quiet_uvicorn
 
 
 def test_version_prints_the_installed_version_and_starts_nothing() -> None:
@@ -69,7 +70,7 @@ async def test_the_server_loop_sleeps_until_asked_to_exit(monkeypatch: pytest.Mo
     """`serve`'s uvicorn loop does not poll (uvicorn's ticks ten times a second, most of an idle
     server's wake-ups): with its tick an hour long it still answers with a Date header, and a
     request to exit (what a drain ends with) stops it at once, after one look at the clock."""
-    monkeypatch.setattr(main, "MAIN_LOOP_TICK_S", 3600.0)
+    monkeypatch.setattr(quiet_uvicorn, "MAIN_LOOP_TICK_S", 3600.0)
     web = FastAPI()
     web.get("/ping")(lambda: {"ok": True})
     with socket.socket() as probe:

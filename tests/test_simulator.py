@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from voice.llm_sim.simulator import (
     simulator_settings,
     simulator_stats,
 )
+from voice.server import quiet_uvicorn
 
 # Fast profiles keep the suite quick; the standard tier stays ~10x slower than the fast one.
 FAST = TierProfile(ttft_ms=5, tokens_per_s=20_000, reported_as="priority")
@@ -409,8 +411,13 @@ async def test_models_lists_the_simulated_model(sim: Sim) -> None:
     assert [m.id for m in page.data] == ["hotline-sim"]
 
 
-async def test_running_simulator_yields_a_loopback_url_and_stops() -> None:
-    async with running_simulator(quick_settings()) as url:
+async def test_running_simulator_yields_a_loopback_url_and_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The embedded simulator's uvicorn loop does not poll ten times a second: with its tick an
+    hour long, leaving the context still stops it at once."""
+    monkeypatch.setattr(quiet_uvicorn, "MAIN_LOOP_TICK_S", 3600.0)
+    async with asyncio.timeout(30), running_simulator(quick_settings()) as url:
         assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
         async with httpx.AsyncClient() as http:
             assert (await http.get(f"{url}/models")).status_code == 200

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.metadata
 import logging
 import signal
-import socket
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -28,6 +26,7 @@ from voice.cli.models import fetch_models_command
 from voice.cli.turn_bench import turn_bench_command
 from voice.devtools.bench_command import bench_command
 from voice.devtools.soak import soak_command
+from voice.server.quiet_uvicorn import QuietServer
 
 if TYPE_CHECKING:
     from voice.agents.directory import AgentDirectory
@@ -37,7 +36,6 @@ app = typer.Typer(
     help="Hotline: self-hosted real-time voice AI telephony server.", no_args_is_help=True
 )
 console = Console()
-MAIN_LOOP_TICK_S = 1.0  # how often the server looks whether to exit (woken at once when asked)
 
 
 def _print_version(asked: bool) -> None:
@@ -58,44 +56,16 @@ def _options(
     """Hotline: self-hosted real-time voice AI telephony server."""
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn, except that SIGTERM drains first: no new calls, calls in progress finish (up
-    to the drain timeout), then the server stops and the process exits 0. A second SIGTERM,
-    or SIGINT, stops at once (calls are hung up)."""
+class DrainingServer(QuietServer):
+    """uvicorn (ticking once a second, `QuietServer`), except that SIGTERM drains first: no new
+    calls, calls in progress finish (up to the drain timeout), then the server stops and the
+    process exits 0. A second SIGTERM, or SIGINT, stops at once (calls are hung up)."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
         self.app = app
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._exit_asked: asyncio.Event | None = None
         self._draining = False
-        app.state.request_exit = self._stop
-
-    def _stop(self) -> None:
-        self.should_exit = True
-        self._wake()
-
-    def _wake(self) -> None:
-        """Wake `main_loop` now (from any thread, a signal handler included)."""
-        if self._loop is not None and self._exit_asked is not None:
-            self._loop.call_soon_threadsafe(self._exit_asked.set)
-
-    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._exit_asked = asyncio.Event()
-        await super().serve(sockets)
-
-    async def main_loop(self) -> None:
-        """uvicorn's, ticking once a second where uvicorn ticks ten times: an idle server's event
-        loop woke 15 times a second, 10 of them here (a fifth of an idle server's CPU). A
-        request to exit wakes it at once."""
-        assert self._exit_asked is not None
-        counter = 0
-        while not await self.on_tick(counter):
-            counter += 10  # uvicorn refreshes its Date header on every tenth count
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(MAIN_LOOP_TICK_S):
-                    await self._exit_asked.wait()
+        app.state.request_exit = self.stop
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         ready = self._loop is not None and hasattr(self.app.state, "switchboard")
@@ -106,7 +76,6 @@ class DrainingServer(uvicorn.Server):
             self._loop.call_soon_threadsafe(self._start_drain)
             return
         super().handle_exit(sig, frame)
-        self._wake()
 
     def _start_drain(self) -> None:
         from voice.server.routes.ops import drain_then_exit

@@ -14,12 +14,14 @@ from starlette.applications import Starlette
 
 from voice.llm_sim.settings import SimulatorSettings
 from voice.llm_sim.simulator import create_simulator_app
+from voice.server.quiet_uvicorn import QuietServer
 
 log = logging.getLogger(__name__)
 
 
-class _EmbeddedServer(uvicorn.Server):
-    """uvicorn inside someone else's event loop: leave the process's signal handlers alone."""
+class _EmbeddedServer(QuietServer):
+    """uvicorn inside someone else's event loop (ticking once a second, `QuietServer`): leave
+    the process's signal handlers alone."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -65,7 +67,7 @@ async def running_simulator(
         log.info("LLM simulator listening on %s", url)
         yield url
     finally:
-        server.should_exit = True
+        server.stop()
         try:
             await task
         finally:
@@ -75,4 +77,5 @@ async def running_simulator(
 def serve_simulator(host: str, port: int, settings: SimulatorSettings | None = None) -> None:
     """Run the simulator until interrupted (``hotline llm-sim --port N``)."""
     log.warning("LLM simulator at http://%s:%d/v1", host, port)
-    uvicorn.run(create_simulator_app(settings), host=host, port=port, log_level="info")
+    app = create_simulator_app(settings)
+    QuietServer(uvicorn.Config(app, host=host, port=port, log_level="info")).run()
