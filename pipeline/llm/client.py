@@ -44,6 +44,7 @@ from openai.types.responses import (
     ResponseTextDeltaEvent,
 )
 
+from pipeline.llm.connections import open_connection, provider_client
 from pipeline.llm.errors import LLMError, status_error
 from pipeline.llm.settings import LLMSettings
 from pipeline.tools import ToolCall, ToolSpec
@@ -82,12 +83,7 @@ class LLMClient:
             )
         self.settings = settings
         self.base_url = url
-        self._openai = AsyncOpenAI(
-            base_url=url,
-            api_key=settings.api_key.get_secret_value(),
-            timeout=openai.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
-            max_retries=settings.max_retries,
-        )
+        self._openai = provider_client(settings, url)
         # Loaded now, not on the loop in the first caller's turn (the SDK's lazy import: 35 ms+).
         _ = self._openai.responses if settings.api == "responses" else self._openai.chat.completions
 
@@ -119,6 +115,10 @@ class LLMClient:
             tools=tools,
             instructions=instructions,
         )
+
+    async def connect(self) -> bool:
+        """Open a connection to the provider now (`pipeline.llm.connections`)."""
+        return await open_connection(self._openai, self.settings.connect_timeout_s + 1)
 
     async def aclose(self) -> None:
         await self._openai.close()

@@ -54,6 +54,12 @@ class LLMSettings(BaseModel):
         "deadline counts as failed: the turn falls back to the next tier.",
     )
     connect_timeout_s: float = Field(default=3.0, gt=0, description="TCP/TLS connect timeout.")
+    keepalive_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long an idle connection to the provider is kept for the next request "
+        "(HTTPX2's 5 s closed it between a call's turns: a new TCP and TLS handshake each turn).",
+    )
     timeout_s: float = Field(
         default=30.0, gt=0, description="Longest wait for the provider's next bytes."
     )

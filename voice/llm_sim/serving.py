@@ -18,6 +18,10 @@ from voice.server.quiet_uvicorn import QuietServer
 
 log = logging.getLogger(__name__)
 
+# How long the simulator keeps a client's idle connection (uvicorn's own 5 s closed the server's
+# connection between a call's turns, whatever the client kept; `pipeline.llm.connections`).
+KEEP_ALIVE_S = 600
+
 
 class _EmbeddedServer(QuietServer):
     """uvicorn inside someone else's event loop (ticking once a second, `QuietServer`): leave
@@ -54,7 +58,13 @@ async def running_simulator(
     sock.setblocking(False)
     url = f"http://{f'[{host}]' if ':' in host else host}:{sock.getsockname()[1]}/v1"
     # log_config=None: leave the host's logging configuration (and access log) alone
-    config = uvicorn.Config(app, log_config=None, lifespan="on", timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        lifespan="on",
+        timeout_graceful_shutdown=2,
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )
     server = _EmbeddedServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
@@ -78,4 +88,7 @@ def serve_simulator(host: str, port: int, settings: SimulatorSettings | None = N
     """Run the simulator until interrupted (``hotline llm-sim --port N``)."""
     log.warning("LLM simulator at http://%s:%d/v1", host, port)
     app = create_simulator_app(settings)
-    QuietServer(uvicorn.Config(app, host=host, port=port, log_level="info")).run()
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="info", timeout_keep_alive=KEEP_ALIVE_S
+    )
+    QuietServer(config).run()

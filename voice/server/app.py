@@ -130,6 +130,10 @@ async def _llm_router(settings: Settings, stack: contextlib.AsyncExitStack) -> T
     controller = Controller(settings.controller, clock=time.monotonic)
     router = TierRouter(settings.llm, controller, base_url=base_url)
     stack.push_async_callback(router.aclose)
+    # A connection per tier before the first caller needs one (`pipeline.llm.connections`); not
+    # awaited: a provider that does not answer does not hold up the startup.
+    connecting = asyncio.gather(*(client.connect() for client in router.clients.values()))
+    stack.callback(connecting.cancel)
     return router
 
 
