@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-WINDOW = 512  # samples per Silero window at 16 kHz (32 ms)
+from pipeline.transport import VAD_WINDOW
+
+WINDOW = VAD_WINDOW  # samples per Silero window at 16 kHz (32 ms)
 CONTEXT = 64  # samples of the previous window prepended to each window (Silero v5/v6)
 
 _session: ort.InferenceSession | None = None

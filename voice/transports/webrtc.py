@@ -25,7 +25,7 @@ from pipeline.transport import (
     FRAME_SAMPLES,
     PCM,
     SAMPLE_RATE,
-    AudioIn,
+    CallerAudio,
     HangUp,
     InboundEvent,
     PlaybackCleared,
@@ -211,6 +211,7 @@ class WebRTCTransport:
         self.taps = Taps()
         self.outbound = OutboundAudio(self.taps)
         self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
+        self._caller = CallerAudio(self._inbound)
         self._reader: asyncio.Task[None] | None = None
         self._channel: RTCDataChannel | None = None
         self._pending_events: list[str] = []
@@ -225,7 +226,7 @@ class WebRTCTransport:
     def _give_up_unless_connected(self) -> None:
         if self.pc.connectionState != "connected" and not self._closed:
             log.warning("call %s: caller never connected; hanging up", self.call_id)
-            self._inbound.put_nowait(HangUp("never connected"))
+            self._caller.put(HangUp("never connected"))
 
     # -- aiortc callbacks --------------------------------------------------------------------
 
@@ -254,7 +255,7 @@ class WebRTCTransport:
         state = self.pc.connectionState
         log.info("call %s: connection %s", self.call_id, state)
         if state in ("failed", "closed"):
-            self._inbound.put_nowait(HangUp(f"connection {state}"))
+            self._caller.put(HangUp(f"connection {state}"))
 
     async def _read(self, track: MediaStreamTrack) -> None:
         resampler = av.AudioResampler(format="s16", layout="mono", rate=SAMPLE_RATE)
@@ -266,17 +267,17 @@ class WebRTCTransport:
                         frame = await track.recv()
                 except TimeoutError:
                     log.warning("call %s: no audio for %.0f s, hanging up", self.call_id, wait_s)
-                    self._inbound.put_nowait(HangUp(f"no audio for {wait_s:.0f} s"))
+                    self._caller.put(HangUp(f"no audio for {wait_s:.0f} s"))
                     return
                 wait_s = self._idle_timeout_s
                 assert isinstance(frame, av.AudioFrame)
                 at = time.monotonic()
                 for out in resampler.resample(frame):
                     pcm = out.to_ndarray().reshape(-1).astype(np.int16, copy=False)
-                    self._inbound.put_nowait(AudioIn(pcm, at))
+                    self._caller.add(pcm, at)
                     self.taps.caller(pcm, at)
         except MediaStreamError:
-            self._inbound.put_nowait(HangUp("caller track ended"))
+            self._caller.put(HangUp("caller track ended"))
 
     # -- Transport ---------------------------------------------------------------------------
 
@@ -320,7 +321,7 @@ class WebRTCTransport:
 
     def hang_up(self, reason: str) -> None:
         """Ask the conversation to end (server shutdown, API hang-up)."""
-        self._inbound.put_nowait(HangUp(reason))
+        self._caller.put(HangUp(reason))
 
     async def close(self) -> None:
         if self._closed:

@@ -36,7 +36,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from pipeline.transport import (
     PCM,
     SAMPLE_RATE,
-    AudioIn,
+    CallerAudio,
     Dtmf,
     HangUp,
     InboundEvent,
@@ -110,6 +110,7 @@ class PhoneStream:
         self.lead_s = lead_s
         self.send_timeout_s = send_timeout_s
         self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
+        self._caller = CallerAudio(self._inbound)
         self._to_pipeline = StreamResampler(protocol.wire_rate, SAMPLE_RATE)
         self._frame_samples = protocol.frame_samples
         self._outbox: deque[Frame | Mark] = deque()
@@ -145,10 +146,10 @@ class PhoneStream:
                 self.activity.caller_audio(event.pcm, self.protocol.wire_rate, now)
                 pcm = self._to_pipeline(event.pcm)
                 if pcm.size:
-                    self._inbound.put_nowait(AudioIn(pcm, now))
+                    self._caller.add(pcm, now)
                     self.taps.caller(pcm, now)
             elif isinstance(event, WireDtmf):
-                self._inbound.put_nowait(Dtmf(event.digit, time.monotonic()))
+                self._caller.put(Dtmf(event.digit, time.monotonic()))
             elif isinstance(event, MarkPlayed):
                 self._mark_played(event.name)
             elif isinstance(event, Stop):
@@ -267,7 +268,7 @@ class PhoneStream:
         pass  # a phone has no screen
 
     def hang_up(self, reason: str) -> None:
-        self._inbound.put_nowait(HangUp(reason))
+        self._caller.put(HangUp(reason))
 
     async def close(self) -> None:
         if self._closed:

@@ -31,7 +31,7 @@ import numpy as np
 from pipeline.transport import (
     PCM,
     SAMPLE_RATE,
-    AudioIn,
+    CallerAudio,
     Dtmf,
     HangUp,
     InboundEvent,
@@ -67,6 +67,7 @@ class SipMedia:
         self._on_close = on_close
         self._idle_timeout_s = idle_timeout_s
         self._inbound: asyncio.Queue[InboundEvent] = asyncio.Queue()
+        self._caller = CallerAudio(self._inbound)
         self._to_pipeline = StreamResampler(WIRE_RATE, SAMPLE_RATE)
         self._frames: deque[tuple[PCM, PCM, int]] = deque()  # (wire frame, 16 kHz, end position)
         self._queued = 0
@@ -89,11 +90,11 @@ class SipMedia:
             self.activity.caller_audio(pcm8k, WIRE_RATE, at)
         pcm = self._to_pipeline(pcm8k)
         if pcm.size:
-            self._inbound.put_nowait(AudioIn(pcm, at))
+            self._caller.add(pcm, at)
             self.taps.caller(pcm, at)
 
     def key_in(self, digit: str, at: float) -> None:
-        self._inbound.put_nowait(Dtmf(digit, at))
+        self._caller.put(Dtmf(digit, at))
 
     @property
     def last_audio_at(self) -> float:
@@ -159,7 +160,7 @@ class SipMedia:
         pass  # a phone has no screen
 
     def hang_up(self, reason: str) -> None:
-        self._inbound.put_nowait(HangUp(reason))
+        self._caller.put(HangUp(reason))
 
     async def close(self) -> None:
         if self._closed:
