@@ -5,6 +5,7 @@ detector's clock is the audio fed to it."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from pipeline.answering.detector import (
 )
 from pipeline.answering.tone import ToneTracker
 from pipeline.answering.words import machine_phrase
+from pipeline.transport import AudioIn, CallerAudio, InboundEvent
 from voice.audio import PCM, read_wav
 from voice.devtools.amd_openings import Opening
 from voice.devtools.amd_study import replay, summary
@@ -78,6 +80,37 @@ def test_a_voicemail_greeting_then_the_beep_is_a_machine_and_the_beep_is_placed(
     assert abs(ended.end_ms * RATE / 1000 - end) <= 480
     assert 690 <= heard.hz <= 710  # Asterisk's beep is 700 Hz
     assert (heard.at_ms - heard.start_ms) == pytest.approx(160, abs=20)  # min_ms + a frame
+
+
+def test_the_beep_is_placed_alike_whatever_the_pieces_the_audio_comes_in(sounds: Path) -> None:
+    """Transports hand audio over a detector window at a time (`CallerAudio`: 40 or 20 ms),
+    not every 20 ms frame: the beep is placed at the same samples and the verdict is the same,
+    decided at most the 20 ms later that a frame may wait for its window to complete."""
+    opening = np.concatenate([silence(400), clip(sounds, "vm-intro"), silence(400)])
+    audio = phone_line(np.concatenate([opening, clip(sounds, "beep"), silence(1000)]))
+    queue: asyncio.Queue[InboundEvent] = asyncio.Queue()
+    caller, detector, pieces = CallerAudio(queue), AnsweringMachineDetector(), []
+    chunked: list[AnsweringEvent] = []
+    for start in range(0, len(audio) - FRAME + 1, FRAME):
+        caller.add(audio[start : start + FRAME], 0.0)
+        while not queue.empty():
+            piece = queue.get_nowait()
+            assert isinstance(piece, AudioIn)
+            pieces.append(piece.pcm.size)
+            chunked += detector.push(piece.pcm)
+    framed = feed(audio)
+    assert set(pieces) == {320, 640}
+    [heard], [heard_by_frame] = (
+        [e for e in ev if isinstance(e, BeepHeard)] for ev in (chunked, framed)
+    )
+    [ended], [ended_by_frame] = (
+        [e for e in ev if isinstance(e, BeepEnded)] for ev in (chunked, framed)
+    )
+    assert (heard.start_ms, heard.hz) == (heard_by_frame.start_ms, heard_by_frame.hz)
+    assert ended == ended_by_frame and 0 <= heard.at_ms - heard_by_frame.at_ms <= 20
+    [by_piece], [by_frame] = verdicts(chunked), verdicts(framed)
+    assert (by_piece.answer, by_piece.by) == (by_frame.answer, by_frame.by) == ("machine", "shape")
+    assert 0 <= by_piece.at_ms - by_frame.at_ms <= 20
 
 
 def test_hello_then_silence_is_a_person_decided_within_a_second(sounds: Path) -> None:

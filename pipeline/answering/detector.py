@@ -42,7 +42,7 @@ from pydantic import BaseModel, Field
 
 from pipeline.answering.tone import Tone, ToneSettings, ToneTracker
 from pipeline.answering.words import machine_phrase, normalise
-from pipeline.transport import SAMPLE_RATE
+from pipeline.transport import FRAME_SAMPLES, SAMPLE_RATE
 from pipeline.vad import WINDOW, SpeechProbability
 
 Answer = Literal["human", "machine", "unknown"]
@@ -141,6 +141,7 @@ class AnsweringMachineDetector:
         self.settings = s = settings or AnsweringSettings()
         self._speech = speech or SpeechProbability(s.quiet_floor, s.threshold - HYSTERESIS)
         self._tones = ToneTracker(s.tone)
+        self._tone_held = np.zeros(0, dtype=np.int16)  # the start of the tracker's next frame
         self._tape: list[np.ndarray] = []
         self._pending = np.zeros(0, dtype=np.float32)
         self.position = 0  # samples fed: the clock
@@ -160,13 +161,15 @@ class AnsweringMachineDetector:
         return _ms(self.position)
 
     def push(self, frame: np.ndarray) -> list[AnsweringEvent]:
-        """Feed one frame (int16 16 kHz mono, 20 ms); returns what it settled."""
+        """Feed the callee's audio (int16 16 kHz mono, any length: transports hand it over a
+        detector window at a time); returns what it settled."""
         samples = np.array(frame, dtype=np.int16).reshape(-1)
         self.position += len(samples)
         events: list[AnsweringEvent] = []
-        tone = self._tones.push(samples, self.position)
-        if tone is not None:
-            events.extend(self._on_tone(tone))
+        for end, piece in self._tone_frames(samples):
+            tone = self._tones.push(piece, end)
+            if tone is not None:
+                events.extend(self._on_tone(tone))
         if self.verdict is not None:
             return events
         self._tape.append(samples)
@@ -182,6 +185,18 @@ class AnsweringMachineDetector:
         if self.verdict is None and (offer := self._offer()) is not None:
             events.append(offer)
         return events
+
+    def _tone_frames(self, samples: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """The tone tracker's 20 ms frames that `samples` complete, each with the position of
+        its last sample (the tracker judges pairs of whole frames)."""
+        held = np.concatenate([self._tone_held, samples]) if self._tone_held.size else samples
+        whole = len(held) - len(held) % FRAME_SAMPLES
+        self._tone_held = held[whole:]
+        start = self.position - len(held)  # the position of held[0]
+        return [
+            (start + i + FRAME_SAMPLES, held[i : i + FRAME_SAMPLES])
+            for i in range(0, whole, FRAME_SAMPLES)
+        ]
 
     def hear(self, text: str) -> Verdict | None:
         """An early transcript of (a prefix of) the opening, arriving now; the verdict if it

@@ -128,8 +128,8 @@ class Screening:
         return self.verdict is None or self.verdict.answer == "machine"
 
     def push(self, pcm: np.ndarray) -> bool:
-        """One frame of the callee's audio (20 ms, 16 kHz int16); True if it is the
-        screening's alone (`screening`), False if the turns should hear it."""
+        """The callee's audio (16 kHz int16, any length); True if it is the screening's alone
+        (`screening`), False if the turns should hear it."""
         if not self.screening:
             if self.detector.now_ms >= self.settings.detector.max_ms:
                 return False  # no beep came: a person
