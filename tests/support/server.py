@@ -20,14 +20,31 @@ from tests.support import zygote
 
 
 _handed_out: set[int] = set()
+PORTS = range(10_000, 20_000)  # outside the kernel's ephemeral range, below Hotline's RTP ports
+
+
+def worker_ports(worker: str | None, workers: int) -> range:
+    """This test process's share of `PORTS`: each pytest-xdist worker ("gw0", "gw1", ...) draws
+    from a slice of its own, so that two workers can never hand out the same port (each keeps
+    its own `_handed_out`, and a port it checked may be taken by a worker's server before its
+    own server binds it); one process alone (no xdist, the serial phase) has them all."""
+    if not worker or not worker.startswith("gw") or not worker[2:].isdigit() or workers < 2:
+        return PORTS
+    size = len(PORTS) // workers
+    start = PORTS.start + (int(worker[2:]) % workers) * size
+    return range(start, start + size)
 
 
 def free_port() -> int:
     """A port free for both TCP and UDP on loopback, outside the kernel's ephemeral range (so
-    that no process binding port 0 meanwhile, e.g. a server's embedded LLM, can take it) and
-    below Hotline's RTP ports (20000 and up)."""
+    that no process binding port 0 meanwhile, e.g. a server's embedded LLM, can take it), below
+    Hotline's RTP ports (20000 and up), and in this xdist worker's own share of them."""
+    ports = worker_ports(
+        os.environ.get("PYTEST_XDIST_WORKER"),
+        int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")),
+    )
     for _ in range(200):
-        port = random.randint(10_000, 19_999)
+        port = random.choice(ports)
         if port in _handed_out:
             continue
         try:
@@ -41,7 +58,7 @@ def free_port() -> int:
             continue
         _handed_out.add(port)  # never twice from this process: it may not be bound yet
         return port
-    raise RuntimeError("no free port between 10000 and 19999")
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 @dataclass(frozen=True)
