@@ -122,9 +122,11 @@ class _Bench:
         barge_in_after_ms: float | None = None,
         backchannel: bool = False,
         token: str | None = None,
+        line_noise_dbfs: float | None = None,
     ) -> None:
         self.http, self.url, self.transport, self.sip_port = http, url, transport, sip_port
         self.token = token  # the API token: `http` sends it too
+        self.line_noise_dbfs = line_noise_dbfs  # white noise on the callers' lines (twilio)
         self.barge_in_after_ms = barge_in_after_ms  # the last turn cuts in this long into a reply
         self.backchannel = backchannel  # that last "turn" is an "okay", not a turn
         self.done: list[int] = []  # turns of each finished call
@@ -146,7 +148,10 @@ class _Bench:
             from voice.devtools.twilio_call import place_twilio_call
 
             return await place_twilio_call(
-                twilio_stream_url(self.url), utterances, barge_in_after_ms=self.barge_in_after_ms
+                twilio_stream_url(self.url),
+                utterances,
+                barge_in_after_ms=self.barge_in_after_ms,
+                line_noise_dbfs=self.line_noise_dbfs,
             )
         if self.transport == "sip":
             from voice.devtools.sip_caller import place_sip_call
@@ -248,6 +253,7 @@ async def run_bench(
     barge_in_after_ms: float | None = None,
     backchannel_after_ms: float | None = None,
     token: str | None = None,
+    line_noise_dbfs: float | None = None,
 ) -> BenchReport:
     """Place `calls` concurrent calls of `turns` turns each and report latency and cost (with
     the server's API token, if it has one).
@@ -257,12 +263,15 @@ async def run_bench(
     turn is spoken that long after the reply before it began, and the report says how soon
     that reply went quiet at the caller (needs 2 turns or more). With `backchannel_after_ms`,
     the caller says "Okay." that long into each call's last reply, and the report counts the
-    replies it stopped for good (a reply shorter than that is no test of it).
+    replies it stopped for good (a reply shorter than that is no test of it). With
+    `line_noise_dbfs` (twilio only), the callers' lines carry white noise of that RMS.
     """
     if barge_in_after_ms is not None and turns < 2:
         raise ValueError("a barge-in needs a reply to cut into: 2 turns or more")
     if barge_in_after_ms is not None and backchannel_after_ms is not None:
         raise ValueError("a call's last turn is a barge-in or a backchannel, not both")
+    if line_noise_dbfs is not None and transport != "twilio":
+        raise ValueError("line noise is only simulated on twilio calls")
     speech = caller_speech(wavs)
     script = [speech[i % len(speech)] for i in range(turns)]
     if backchannel_after_ms is not None:
@@ -271,7 +280,9 @@ async def run_bench(
     headers = auth_headers(token)
     async with httpx.AsyncClient(base_url=url.rstrip("/"), timeout=30, headers=headers) as http:
         backchannel = backchannel_after_ms is not None
-        bench = _Bench(http, url, transport, sip_port, barge_in_after_ms, backchannel, token)
+        bench = _Bench(
+            http, url, transport, sip_port, barge_in_after_ms, backchannel, token, line_noise_dbfs
+        )
         before = await bench.health()
         bench.known = {c["call_id"] for c in await bench.active_calls()}
         watcher = None

@@ -76,6 +76,14 @@ def bench_command(
             "replies it stopped for good (target at most 5%)",
         ),
     ] = None,
+    line_noise: Annotated[
+        float | None,
+        typer.Option(
+            max=0,
+            help="White noise of this RMS (dBFS) on every caller's line, as a real line is never "
+            "digitally silent (--transport twilio; e.g. -50)",
+        ),
+    ] = None,
 ) -> None:
     """Benchmark a running server: N concurrent scripted calls, voice-to-voice latency and cost.
 
@@ -93,6 +101,7 @@ def bench_command(
         barge_in_after_ms=barge_in,
         backchannel_after_ms=backchannel,
         token=token,
+        line_noise_dbfs=line_noise,
     )
     reports = [_with_progress(console, run, url, kind, load, turns) for load in calls or [1]]
     _write(console, reports, out)

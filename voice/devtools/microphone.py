@@ -14,12 +14,16 @@ from voice.audio import StreamResampler
 
 
 class Microphone:
-    """Utterances (16 kHz) as 20 ms frames at `wire_rate`; silence when none is queued. Key
-    presses queue beside them (`press`, taken by the phone with `next_key`)."""
+    """Utterances (16 kHz) as 20 ms frames at `wire_rate`; silence when none is queued, or the
+    line's own noise: with `noise_dbfs`, white noise of that RMS on every frame, speech and
+    silence alike (a phone line is never digitally silent, and a detector hears the
+    difference). Key presses queue beside them (`press`, taken by the phone with `next_key`)."""
 
-    def __init__(self, wire_rate: int) -> None:
+    def __init__(self, wire_rate: int, noise_dbfs: float | None = None) -> None:
         self.wire_rate = wire_rate
         self.frame_samples = wire_rate // 50
+        self._noise = None if noise_dbfs is None else 10 ** (noise_dbfs / 20) * 32768
+        self._rng = np.random.default_rng()
         self._queued: deque[tuple[list[PCM], asyncio.Future[list[float]], list[float]]] = deque()
         self._keys: deque[tuple[str, asyncio.Future[None] | None]] = deque()
 
@@ -42,6 +46,13 @@ class Microphone:
 
     def next_frame(self, now: float) -> PCM:
         """The frame to send at `now` (monotonic), which is kept as its send time."""
+        frame = self._next_spoken(now)
+        if self._noise is None:
+            return frame
+        noisy = frame + self._rng.normal(0.0, self._noise, self.frame_samples)
+        return np.clip(np.round(noisy), -32768, 32767).astype(np.int16)
+
+    def _next_spoken(self, now: float) -> PCM:
         if not self._queued:
             return np.zeros(self.frame_samples, dtype=np.int16)
         frames, future, sent = self._queued[0]

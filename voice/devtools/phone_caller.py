@@ -84,8 +84,9 @@ class TwilioPhone(StreamPhone):
         call_sid: str,
         account_sid: str,
         parameters: Mapping[str, str],
+        line_noise_dbfs: float | None = None,
     ) -> None:
-        super().__init__(socket)
+        super().__init__(socket, line_noise_dbfs)
         self.call_sid = call_sid
         self.account_sid = account_sid
         self.stream_sid = twilio_sid("MZ")

@@ -40,7 +40,7 @@ class StreamPhone:
 
     wire_rate = 8000
 
-    def __init__(self, socket: ClientConnection) -> None:
+    def __init__(self, socket: ClientConnection, line_noise_dbfs: float | None = None) -> None:
         self.socket = socket
         self.frame_samples = self.wire_rate // 50  # 20 ms
         self.ear = Ear()  # played frames, in the shape voice/devtools/turns.py measures
@@ -48,7 +48,7 @@ class StreamPhone:
         self.hung_up = asyncio.Event()
         self._stopped = False
         self._send_lock = asyncio.Lock()
-        self.mic = Microphone(self.wire_rate)
+        self.mic = Microphone(self.wire_rate, line_noise_dbfs)
         self._playout: deque[PCM] = deque()
         self._fed: list[bool] = []  # per tick played: whether the buffer had audio for it
         self._queued = 0  # reply samples received (the position after the last one)

@@ -143,6 +143,7 @@ async def place_twilio_call(
     call_sid: str | None = None,
     linger_s: float = 0.0,
     opening_wait_s: float | None = None,
+    line_noise_dbfs: float | None = None,
 ) -> PhoneCallResult:
     """Call Hotline the way Twilio would and speak `utterances` (16 kHz), one turn each.
 
@@ -153,6 +154,7 @@ async def place_twilio_call(
     `barge_in_after_ms`, `opening_wait_s` and the `dtmf` keys (pressed after the first reply) are
     `voice.devtools.turns.converse`'s. With `auth_token`, the stream's handshake is signed too, as
     Twilio signs it.
+    `line_noise_dbfs`: the caller's line carries white noise of that RMS (`Microphone`).
     Ends with `stop` and closes the socket, after staying on the line `linger_s` more (until
     the server ends the stream, if it does: say after a transfer).
     """
@@ -170,7 +172,7 @@ async def place_twilio_call(
     async with connect(
         stream_url, compression=None, open_timeout=10, additional_headers=signed
     ) as socket:
-        phone = TwilioPhone(socket, call_sid, account_sid, custom)
+        phone = TwilioPhone(socket, call_sid, account_sid, custom, line_noise_dbfs)
         await phone.open()
         server_ended = await talk(
             phone,
