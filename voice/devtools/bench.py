@@ -240,6 +240,22 @@ class _Bench:
             await asyncio.sleep(WATCH_S)  # a poll interval, not a synchronisation
 
 
+def _check_script(
+    transport: Transport,
+    turns: int,
+    barge_in_after_ms: float | None,
+    backchannel_after_ms: float | None,
+    line_noise_dbfs: float | None,
+) -> None:
+    """ValueError for a script no caller can follow."""
+    if barge_in_after_ms is not None and turns < 2:
+        raise ValueError("a barge-in needs a reply to cut into: 2 turns or more")
+    if barge_in_after_ms is not None and backchannel_after_ms is not None:
+        raise ValueError("a call's last turn is a barge-in or a backchannel, not both")
+    if line_noise_dbfs is not None and transport != "twilio":
+        raise ValueError("line noise is only simulated on twilio calls")
+
+
 async def run_bench(
     url: str,
     transport: Transport,
@@ -266,12 +282,7 @@ async def run_bench(
     replies it stopped for good (a reply shorter than that is no test of it). With
     `line_noise_dbfs` (twilio only), the callers' lines carry white noise of that RMS.
     """
-    if barge_in_after_ms is not None and turns < 2:
-        raise ValueError("a barge-in needs a reply to cut into: 2 turns or more")
-    if barge_in_after_ms is not None and backchannel_after_ms is not None:
-        raise ValueError("a call's last turn is a barge-in or a backchannel, not both")
-    if line_noise_dbfs is not None and transport != "twilio":
-        raise ValueError("line noise is only simulated on twilio calls")
+    _check_script(transport, turns, barge_in_after_ms, backchannel_after_ms, line_noise_dbfs)
     speech = caller_speech(wavs)
     script = [speech[i % len(speech)] for i in range(turns)]
     if backchannel_after_ms is not None:

@@ -38,6 +38,34 @@ _KINDS: dict[BenchTransport, Transport] = {
     BenchTransport.sip: "sip",
 }
 
+BargeInOption = Annotated[
+    float | None,
+    typer.Option(
+        "--barge-in",
+        min=0,
+        help="Speak each call's last turn this many ms into the reply before it, and report "
+        "how soon that reply went quiet at the caller (target 300 ms)",
+    ),
+]
+BackchannelOption = Annotated[
+    float | None,
+    typer.Option(
+        "--backchannel",
+        min=0,
+        help="Say 'Okay.' this many ms into each call's last reply, and report how many "
+        "replies it stopped for good (target at most 5%)",
+    ),
+]
+LineNoiseOption = Annotated[
+    float | None,
+    typer.Option(
+        "--line-noise",
+        max=0,
+        help="White noise of this RMS (dBFS) on every caller's line, as a real line is never "
+        "digitally silent (--transport twilio; e.g. -50)",
+    ),
+]
+
 
 def bench_command(
     url: UrlOption = DEFAULT_URL,
@@ -60,30 +88,9 @@ def bench_command(
         typer.Option(help="WAV the callers speak (repeatable; default: espeak-ng phrases)"),
     ] = None,
     stagger: Annotated[float, typer.Option(help="Seconds between call starts")] = 0.2,
-    barge_in: Annotated[
-        float | None,
-        typer.Option(
-            min=0,
-            help="Speak each call's last turn this many ms into the reply before it, and report "
-            "how soon that reply went quiet at the caller (target 300 ms)",
-        ),
-    ] = None,
-    backchannel: Annotated[
-        float | None,
-        typer.Option(
-            min=0,
-            help="Say 'Okay.' this many ms into each call's last reply, and report how many "
-            "replies it stopped for good (target at most 5%)",
-        ),
-    ] = None,
-    line_noise: Annotated[
-        float | None,
-        typer.Option(
-            max=0,
-            help="White noise of this RMS (dBFS) on every caller's line, as a real line is never "
-            "digitally silent (--transport twilio; e.g. -50)",
-        ),
-    ] = None,
+    barge_in: BargeInOption = None,
+    backchannel: BackchannelOption = None,
+    line_noise: LineNoiseOption = None,
 ) -> None:
     """Benchmark a running server: N concurrent scripted calls, voice-to-voice latency and cost.
 
