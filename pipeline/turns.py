@@ -100,7 +100,7 @@ class TurnSettings(BaseModel):
         default=1.4,
         ge=0,
         description="Once the caller is silent, a window whose RMS is below this many times "
-        "the line's own noise (the lowest RMS of the last 15 windows Silero judged silent) also "
+        "the line's own noise (the lowest RMS of the last 15 silent windows) also "
         "stays silent without running Silero: 1.4 is 3 dB (0: only quiet_floor).",
     )
     pause_ms: int = Field(

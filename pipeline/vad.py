@@ -59,10 +59,11 @@ class SpeechProbability:
 
     Quiet is every sample below `quiet_floor` (int16 scale: digital silence) or, on a line with
     noise of its own, an RMS below `noise_margin` times the line's noise: the lowest RMS of the
-    last `NOISE_WINDOWS` windows Silero judged silent (the minimum, so that a breath or the end
-    of a word judged silent does not raise it), once it has judged that many. A real line's hiss
-    or a room's hum then costs a Silero run in a window now and then (when it gets louder, or
-    after speech) instead of in every one, while a window above it (the caller's first word)
+    last `NOISE_WINDOWS` silent windows, those Silero judged silent and those it rested on (the
+    minimum, so that a breath or the end of a word judged silent does not raise it; the windows
+    rested on, so that it follows the noise down when it falls), once there are that many. A
+    real line's hiss or a room's hum then costs a Silero run now and then (when it gets louder,
+    after speech) instead of in every window, while a window above it (the caller's first word)
     goes to Silero as before. On the turn bench's human speech with white noise at -55 to
     -40 dBFS, phone and wide: Silero ran on 41-43% of the windows instead of all, turns split at
     500 ms as often or less (58-64 of 120 against 62-66), and each turn's first word was heard at
@@ -91,12 +92,13 @@ class SpeechProbability:
 
     def __call__(self, window: np.ndarray) -> float:
         """`window`: 512 float32 samples in [-1, 1]."""
-        level = None
         resting = self._quiet and self._last < self._silent_below
-        if resting and (
-            float(np.abs(window).max()) < self._quiet
-            or (self._below and (level := _rms(window)) < self._below)
-        ):
+        if resting and float(np.abs(window).max()) < self._quiet:
+            self._context = window[-CONTEXT:]
+            return self._last
+        level = _rms(window) if resting and self._below else None
+        if level is not None and level < self._below:
+            self._heard_noise(level)  # the noise may be falling: the estimate follows it down
             self._context = window[-CONTEXT:]
             return self._last
         x = np.concatenate([self._context, window])[np.newaxis, :]
@@ -109,7 +111,7 @@ class SpeechProbability:
         return self._last
 
     def _heard_noise(self, level: float) -> None:
-        """A window Silero judged silent: its RMS is the line's noise, or above it."""
+        """A silent window: its RMS is the line's noise, or above it."""
         self._noise.append(level)
         if len(self._noise) == NOISE_WINDOWS:
             self._below = self._noise_margin * min(self._noise)

@@ -88,3 +88,23 @@ def test_human_speech_on_a_noisy_line_is_heard_as_with_silero_on_every_window(
         runs["resting"] += resting._vad.runs
         runs["every"] += every._vad.runs
     assert runs["resting"] < 0.65 * runs["every"]  # 53% measured as recorded
+
+
+def test_when_the_line_gets_quieter_a_quiet_caller_is_still_heard(sounds: Path) -> None:
+    """The noise falls from -40 to -60 dBFS, then a caller speaks softly (about -54 dBFS, under
+    what the louder noise was): the line's noise is followed down, so the turn is heard and
+    ends where Silero on every window ends it (held at the louder noise, Silero would rest on
+    all of it and hear nothing). Its start may come later (190 ms measured): Silero's state is
+    still that of the louder line it last heard."""
+    rng = np.random.default_rng(5)
+    loud, quiet = (10 ** (dbfs / 20) * 32768 for dbfs in (-40, -60))
+    speech = read_wav(sounds / "vm-savefolder.wav").astype(np.float64) * 0.02
+    lines = [rng.normal(0.0, loud, RATE * 3 // 2), rng.normal(0.0, quiet, RATE * 3 // 2)]
+    lines += [speech + rng.normal(0.0, quiet, len(speech)), rng.normal(0.0, quiet, RATE)]
+    pcm = phone_line(np.clip(np.round(np.concatenate(lines)), -32768, 32767).astype(np.int16))
+    resting, every = TurnDetector(), TurnDetector(TurnSettings(noise_margin=0))
+    got, expected = heard(resting, pcm), heard(every, pcm)
+
+    assert [kind for kind, _ in expected] == [kind for kind, _ in got] == ["started", "ended"]
+    assert abs(got[1][1] - expected[1][1]) <= 2 * WINDOW
+    assert 0 <= got[0][1] - expected[0][1] <= RATE // 2
