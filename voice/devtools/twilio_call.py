@@ -130,6 +130,25 @@ async def after_stream(
     return "Dial", target or None
 
 
+async def _stream_to_open(
+    url: str,
+    call_sid: str,
+    account_sid: str,
+    parameters: Mapping[str, str] | None,
+    auth_token: str | None,
+) -> tuple[str, dict[str, str], str | None] | str:
+    """The stream to open, its custom parameters and the TwiML's action URL: `url` itself, or,
+    for the server's base URL, what its incoming-call webhook answers (or why it refused)."""
+    custom = {CALLER_PARAMETER: DEFAULT_CALLER, CALLEE_PARAMETER: DEFAULT_CALLEE}
+    custom.update(parameters or {})
+    if not url.startswith(("http://", "https://")):
+        return url, custom, None
+    answer = await answer_webhook(url, call_sid, account_sid, custom, auth_token)
+    if isinstance(answer, str):
+        return answer
+    return answer.stream_url, answer.parameters, answer.action_url
+
+
 async def place_twilio_call(
     stream_url: str,
     utterances: Sequence[PCM],
@@ -158,15 +177,11 @@ async def place_twilio_call(
     Ends with `stop` and closes the socket, after staying on the line `linger_s` more (until
     the server ends the stream, if it does: say after a transfer).
     """
-    custom = {CALLER_PARAMETER: DEFAULT_CALLER, CALLEE_PARAMETER: DEFAULT_CALLEE}
-    custom.update(parameters or {})
     call_sid, account_sid = call_sid or twilio_sid("CA"), twilio_sid("AC")
-    action_url = None
-    if stream_url.startswith(("http://", "https://")):
-        answer = await answer_webhook(stream_url, call_sid, account_sid, custom, auth_token)
-        if isinstance(answer, str):
-            return PhoneCallResult(call_sid, [], np.zeros(0, dtype=np.int16), rejected=answer)
-        stream_url, custom, action_url = answer.stream_url, answer.parameters, answer.action_url
+    stream = await _stream_to_open(stream_url, call_sid, account_sid, parameters, auth_token)
+    if isinstance(stream, str):
+        return PhoneCallResult(call_sid, [], np.zeros(0, dtype=np.int16), rejected=stream)
+    stream_url, custom, action_url = stream
     turns: list[CallerTurn] = []
     signed = {SIGNATURE_HEADER: twilio_signature(auth_token, stream_url, {})} if auth_token else {}
     async with connect(
