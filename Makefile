@@ -16,7 +16,7 @@ TEST_DEBS := espeak-ng sox chromium redis-server baresip kamailio
 unexport PYTHONDONTWRITEBYTECODE
 
 # The real-time tests mostly wait on the clock, so more workers than cores still pay off.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 6
 
 .PHONY: serve test test-fast lint system-deps clean
 

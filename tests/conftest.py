@@ -47,7 +47,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             out.write(f"pytest {used.ru_utime + used.ru_stime:.1f} {worker}\n")
 
 
-# Seconds each file took in a `make test` run (setup, calls and teardown, on 4 workers of a
+# Seconds each file took in a `make test` run (setup, calls and teardown, on 6 workers of a
 # 2-core machine): the longest files are handed out first. Refresh it from a run's
 # `--durations=0` when files come and go; a file not in it counts as UNLISTED_SLOW_S if it has
 # `slow` tests, else as nothing.
