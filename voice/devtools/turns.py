@@ -110,19 +110,14 @@ class Ear:
 
     async def wait_for(self, predicate: FrameTest, within_s: float) -> float | None:
         """Wait until `predicate(frames)` returns a time; None after `within_s` seconds."""
-        deadline = time.monotonic() + within_s
-        while True:
-            found = predicate(self.frames)
-            if found is not None:
-                return found
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            self.changed.clear()
-            try:
-                await asyncio.wait_for(self.changed.wait(), remaining)
-            except TimeoutError:
-                return None
+        try:
+            async with asyncio.timeout(within_s):  # one timer for the wait, not one per frame
+                while (found := predicate(self.frames)) is None:
+                    self.changed.clear()
+                    await self.changed.wait()
+        except TimeoutError:
+            return None
+        return found
 
     async def wait_or_hang_up(
         self, predicate: FrameTest, within_s: float, hung_up: asyncio.Event
@@ -141,21 +136,36 @@ class Ear:
 
 
 def first_audible_after(t: float) -> FrameTest:
+    """The first audible frame heard after `t`. Like every frame test it reads the list from
+    where it stopped the last time (an `Ear`'s frames only grow) and keeps what it found, so a
+    caller waiting out a whole call looks at each frame once, not at every frame heard so far
+    for each new one (that was quadratic in the call's length)."""
+    seen = 0
+    found: float | None = None
+
     def find(frames: list[tuple[float, bool]]) -> float | None:
-        for at, audible in frames:
+        nonlocal seen, found
+        while found is None and seen < len(frames):
+            at, audible = frames[seen]
+            seen += 1
             if at > t and audible:
-                return at
-        return None
+                found = at
+        return found
 
     return find
 
 
 def silent_for_after(t: float, quiet_s: float) -> FrameTest:
     """The start of the first silent stretch of `quiet_s` seconds that begins after `t`."""
+    seen = 0
+    start: float | None = None
+    found: float | None = None
 
     def find(frames: list[tuple[float, bool]]) -> float | None:
-        start: float | None = None
-        for at, audible in frames:
+        nonlocal seen, start, found
+        while found is None and seen < len(frames):
+            at, audible = frames[seen]
+            seen += 1
             if at <= t:
                 continue
             if audible:
@@ -163,8 +173,8 @@ def silent_for_after(t: float, quiet_s: float) -> FrameTest:
             elif start is None:
                 start = at
             elif at - start >= quiet_s:
-                return start
-        return None
+                found = start
+        return found
 
     return find
 
