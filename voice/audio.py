@@ -71,7 +71,8 @@ def rms(pcm: PCM) -> float:
     """Root mean square level of int16 samples (0 for an empty array)."""
     if pcm.size == 0:
         return 0.0
-    return float(np.sqrt(np.mean(np.square(pcm.astype(np.float32)))))
+    samples = pcm.astype(np.float64).ravel()
+    return float(np.sqrt(np.dot(samples, samples) / samples.size))  # np.mean: 4x the time
 
 
 def frames(pcm: PCM, size: int = FRAME_SAMPLES) -> Iterator[PCM]:

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.transport import PCM, SAMPLE_RATE
-from voice.audio import StreamResampler, rms
+from pipeline.transport import PCM
+from voice.audio import rms
 from voice.devtools.microphone import Microphone
 from voice.devtools.sip_leg import DTMF_PAYLOAD_TYPE, SipLeg, SipTransport, hostport, offer_sdp
 from voice.devtools.turns import AUDIBLE_RMS, CallResult, Ear, FrameTest, converse
@@ -101,12 +101,11 @@ class SipPhone:
     back. Implements `voice.devtools.turns.Line`."""
 
     def __init__(self) -> None:
-        self.ear = Ear()
+        self.ear = Ear(WIRE_RATE)
         self.rtp: CallerRtp | None = None
         self.hung_up = asyncio.Event()
         self.mic = Microphone(WIRE_RATE)
         self._key: tuple[str, asyncio.Future[None] | None, list[tuple[bool, int]]] | None = None
-        self._to_wide = StreamResampler(WIRE_RATE, SAMPLE_RATE)
 
     def say(self, pcm: PCM) -> asyncio.Future[list[float]]:
         """Queue an utterance (16 kHz); the future gives the time each 20 ms frame was sent."""
@@ -125,7 +124,7 @@ class SipPhone:
 
     def heard(self, pcm8k: PCM, at: float) -> None:
         """The RTP session's audio callback: one 20 ms frame received at `at`."""
-        self.ear.record(at, rms(pcm8k) > AUDIBLE_RMS, self._to_wide(pcm8k))
+        self.ear.record(at, rms(pcm8k) > AUDIBLE_RMS, pcm8k)
 
     async def run(self) -> None:
         """Send one frame (or telephone-event packet) every 20 ms of the absolute clock."""

@@ -23,8 +23,8 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from pipeline.transport import PCM, SAMPLE_RATE
-from voice.audio import StreamResampler, rms
+from pipeline.transport import PCM
+from voice.audio import rms
 from voice.devtools.microphone import Microphone
 from voice.devtools.turns import AUDIBLE_RMS, Ear, FrameTest
 
@@ -43,7 +43,7 @@ class StreamPhone:
     def __init__(self, socket: ClientConnection, line_noise_dbfs: float | None = None) -> None:
         self.socket = socket
         self.frame_samples = self.wire_rate // 50  # 20 ms
-        self.ear = Ear()  # played frames, in the shape voice/devtools/turns.py measures
+        self.ear = Ear(self.wire_rate)  # played frames, as voice/devtools/turns.py measures
         self.marks_echoed: list[tuple[float, str]] = []
         self.hung_up = asyncio.Event()
         self._stopped = False
@@ -55,7 +55,6 @@ class StreamPhone:
         self._played = 0  # reply samples whose playing has finished
         self._playing = 0  # samples in the frame playing now
         self._marks: deque[tuple[int, str]] = deque()  # (position, name) waiting to be played
-        self._to_reply_rate = StreamResampler(self.wire_rate, SAMPLE_RATE)
 
     # -- what each provider says its own way ---------------------------------------------------
 
@@ -159,7 +158,7 @@ class StreamPhone:
                 self._playout[0] = head[take:]
         self._playing = filled
         self._fed.append(filled > 0)
-        self.ear.record(now, rms(frame) > AUDIBLE_RMS, self._to_reply_rate(frame))
+        self.ear.record(now, filled > 0 and rms(frame) > AUDIBLE_RMS, frame)
 
     async def _echo(self, name: str) -> None:
         await self.send(self.mark_message(name))

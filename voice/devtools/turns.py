@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from pipeline.transport import FRAME_SAMPLES, PCM, SAMPLE_RATE
-from voice.audio import rms
+from voice.audio import resample, rms
 
 log = logging.getLogger(__name__)
 
@@ -91,22 +91,27 @@ FrameTest = Callable[[list[tuple[float, bool]]], float | None]
 
 
 class Ear:
-    """What the caller heard: the audio and when each frame was audible."""
+    """What the caller heard: the audio and when each frame was audible. Frames are kept at the
+    line's own `rate` and made 16 kHz once, when `audio()` is asked for (resampling each 20 ms
+    frame as it came was a tenth of a bench caller's event loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rate: int = SAMPLE_RATE) -> None:
+        self.rate = rate
         self.frames: list[tuple[float, bool]] = []  # (received at, audible)
         self.chunks: list[PCM] = []
         self.changed = asyncio.Event()
 
     def record(self, at: float, audible: bool, pcm: PCM) -> None:
-        """Keep a frame heard at `at` (its audio at 16 kHz) and wake whoever waits."""
+        """Keep a frame heard at `at` (its audio at the ear's rate) and wake whoever waits."""
         self.frames.append((at, audible))
         self.chunks.append(pcm)
         self.changed.set()
 
     def audio(self) -> PCM:
         """Everything heard, 16 kHz mono."""
-        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, dtype=np.int16)
+        if not self.chunks:
+            return np.zeros(0, dtype=np.int16)
+        return resample(np.concatenate(self.chunks), self.rate, SAMPLE_RATE)
 
     async def wait_for(self, predicate: FrameTest, within_s: float) -> float | None:
         """Wait until `predicate(frames)` returns a time; None after `within_s` seconds."""
