@@ -59,7 +59,7 @@ test: $(STAMP) system-deps
 
 # The unit tests: no server processes, no calls placed over a wire. Many still run a
 # conversation in-process on the clock (speculation, tools), so as in `test` more workers
-# than cores pay off: 2.5 minutes with 4 on 2 cores, 3.3 with 2.
+# than cores pay off: 2.5 minutes with 4 or 6 on 2 cores, 3.3 with 2.
 test-fast: $(STAMP) system-deps
 	$(BIN)/pytest -m "not slow" -n $(TEST_WORKERS) --durations=15
 
