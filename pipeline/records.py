@@ -35,6 +35,7 @@ class TurnClock:
         self.judgement = judgement
         self.stt_earlier_s = 0.0  # the transcript's `earlier_s`: kept from earlier pauses
         self.early_skipped = False  # no early transcription at the turn's last pause (busy)
+        self.gaps: list[dict[str, object]] = []  # the reply's gaps (pipeline/speaking.py)
         self._marks: dict[str, float] = {}
 
     def mark(self, stage: str, at: float | None = None) -> None:
@@ -48,6 +49,11 @@ class TurnClock:
             )
             return
         self._marks[stage] = moment
+
+    def gap(self, ms: float, waited_on: str) -> None:
+        """The reply went silent for `ms` between two sentences, the second late for `waited_on`
+        ("text", "synthesis" or "loop")."""
+        self.gaps.append({"ms": round(ms, 1), "waited_on": waited_on})
 
     @property
     def turn_score(self) -> float | None:
@@ -111,6 +117,10 @@ class TurnRecord:
     # The recognizer was busy at the pause that ended the turn, so the early (speculative)
     # transcription there was skipped: the words were transcribed once the turn had ended.
     stt_early_skipped: bool = False
+    # Where the reply went silent between two of its sentences for 100 ms or more: each gap's
+    # length and what its next sentence waited on ("text", "synthesis", "loop";
+    # pipeline/speaking.py). Under load, "synthesis" ones are the voice's line falling behind.
+    reply_gaps: list[dict[str, object]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -104,6 +104,7 @@ def answered_record(
         turn_delay_ms=clock.turn_delay_ms,
         stt_earlier_s=round(clock.stt_earlier_s, 2),
         stt_early_skipped=clock.early_skipped,
+        reply_gaps=list(clock.gaps),
     )
 
 
@@ -130,6 +131,7 @@ def unanswered_record(
         turn_delay_ms=clock.turn_delay_ms,
         stt_earlier_s=round(clock.stt_earlier_s, 2),
         stt_early_skipped=clock.early_skipped,
+        reply_gaps=list(clock.gaps),
     )
 
 

@@ -42,6 +42,14 @@ TURN_LATENCY = Histogram(
     ["part"],
     buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 10.0),
 )
+REPLY_GAPS = Histogram(
+    "hotline_reply_gaps_seconds",
+    "Replies going silent between two of their sentences (100 ms or more), by what the late "
+    "sentence waited on: synthesis (the voice's line under load), text (the LLM or a tool), "
+    "loop (ready, queued late).",
+    ["waited_on"],
+    buckets=(0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0, 5.0),
+)
 TOOL_CALLS = Counter(
     "hotline_tool_calls_total", "Tool calls the LLM made, by tool and outcome.", ["tool", "ok"]
 )
@@ -145,6 +153,10 @@ def observe_turn(record: TurnRecord) -> None:
     first_audio = record.timings_ms.get("first_audio")
     if record.budget_ms and first_audio is not None:
         BUDGET.labels(within=str(first_audio <= record.budget_ms).lower()).inc()
+    for gap in record.reply_gaps:
+        gap_ms = gap.get("ms")
+        if isinstance(gap_ms, int | float):
+            REPLY_GAPS.labels(waited_on=str(gap.get("waited_on"))).observe(gap_ms / 1e3)
     for call in record.tools:
         name = str(call.get("name"))
         TOOL_CALLS.labels(tool=name, ok=str(bool(call.get("ok"))).lower()).inc()

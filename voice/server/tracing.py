@@ -343,6 +343,7 @@ def _turn_attributes(
         "hotline.arm": record.arm,
         "hotline.tools": len(record.tools) or None,
         "hotline.tools_ms": record.tools_ms,
+        "hotline.reply.gaps": len(record.reply_gaps) or None,  # the record says how long, why
         "hotline.decision.taken": decision.taken if decision else None,
         "hotline.decision.tier": decision.tier if decision else None,
         "hotline.decision.planned_tier": decision.planned_tier if decision else None,

@@ -1,0 +1,117 @@
+"""A reply's gaps: the line running dry between two of its sentences, as the server sees it.
+
+The caller's audio is real speech through the real turn detector; the STT, LLM and voice are
+the timed fakes of tests/support/conversation.py, and the line plays in real time. A gap is
+made by holding a sentence back until the line has played everything queued before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from prometheus_client import REGISTRY
+
+from pipeline.conversation import Conversation
+from pipeline.records import TurnRecord
+from pipeline.scheduling import Urgency
+from pipeline.speaking import GAP_MS
+from pipeline.transport import PCM, HangUp, InboundEvent
+from tests.support.conversation import (
+    PhoneLine,
+    ScriptedLLM,
+    ScriptedSTT,
+    ToneTTS,
+    speak,
+    utterance,
+)
+from voice.server.metrics import observe_turn
+
+REPLY = "One two three. Four five six. Seven eight nine."
+LATE_S = 0.3  # how long the late sentence's synthesis goes on after the line ran dry
+
+
+async def call(llm: ScriptedLLM, tts: ToneTTS, turns: int = 1) -> list[TurnRecord]:
+    """`turns` caller turns, each heard out to the end of its reply; the records."""
+    line = PhoneLine()
+    answered = asyncio.Queue[TurnRecord]()
+    conversation = Conversation(
+        "gaps",
+        line,
+        stt=ScriptedSTT([f"question {n}" for n in range(turns)]),
+        llm=llm,
+        tts=tts,
+        on_turn=answered.put_nowait,
+    )
+
+    async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
+        for _ in range(turns):
+            async for event in speak(utterance("Tell me the numbers")):
+                yield event
+            await answered.get()  # the whole reply played
+        yield HangUp("done")
+
+    line.script = caller
+    tts.line = line
+    await conversation.run()
+    return conversation.records
+
+
+class LateVoice(ToneTTS):
+    """Synthesizes the sentence that starts with `late` only once the line has played all that
+    was queued before it, and `LATE_S` after that."""
+
+    def __init__(self, late: str | None = None) -> None:
+        self.late = late
+        self.line: PhoneLine | None = None
+
+    async def synthesize(self, text: str, urgent: bool | Urgency = False) -> PCM:
+        if self.late is not None and text.startswith(self.late) and self.line is not None:
+            await self.line.reached(self.line.queued_samples)
+            await asyncio.sleep(LATE_S)  # the synthesis itself, slow under load
+        return await super().synthesize(text, urgent)
+
+
+async def test_a_sentence_synthesized_after_the_line_ran_dry_is_a_synthesis_gap() -> None:
+    [record] = await call(ScriptedLLM([REPLY]), LateVoice(late="Seven"))
+    assert record.reply_text == REPLY and not record.interrupted
+    [gap] = record.reply_gaps
+    # Its words had come long before; its audio came LATE_S after the line had gone quiet.
+    assert gap["waited_on"] == "synthesis"
+    assert isinstance(gap["ms"], float) and gap["ms"] >= LATE_S * 1e3 - 1, gap
+    assert record.to_dict()["reply_gaps"] == [gap]  # as the calls API serves it
+
+
+async def test_words_that_came_after_the_line_ran_dry_are_a_text_gap() -> None:
+    # Four words a second: the first sentence plays out (0.75 s) long before the next one's
+    # nine words have come.
+    reply = "One two three. Four five six seven eight nine ten eleven twelve."
+    [record] = await call(ScriptedLLM([reply], tokens_per_s=4), LateVoice())
+    assert record.reply_text == reply
+    assert record.reply_gaps, "the line went quiet for about 1.5 s between the sentences"
+    assert {gap["waited_on"] for gap in record.reply_gaps} == {"text"}, record.reply_gaps
+
+
+async def test_sentences_in_time_leave_no_gap_nor_does_the_pause_between_two_replies() -> None:
+    # Each sentence is synthesized while the one before it plays. The second reply's first
+    # sentence comes seconds after the first reply ended (the caller's turn): not a gap.
+    records = await call(ScriptedLLM([REPLY, REPLY]), LateVoice(), turns=2)
+    assert [r.reply_text for r in records] == [REPLY, REPLY]
+    assert [r.reply_gaps for r in records] == [[], []]
+
+
+def test_the_gaps_are_counted_by_what_they_waited_on() -> None:
+    def count(waited_on: str) -> float:
+        labels = {"waited_on": waited_on}
+        return REGISTRY.get_sample_value("hotline_reply_gaps_seconds_count", labels) or 0.0
+
+    before = {cause: count(cause) for cause in ("synthesis", "text", "loop")}
+    record = TurnRecord(1, "hi", "hello", "hello", False, None, None, None, "")
+    record.reply_gaps = [
+        {"ms": 2 * GAP_MS, "waited_on": "synthesis"},
+        {"ms": 3 * GAP_MS, "waited_on": "synthesis"},
+        {"ms": 4 * GAP_MS, "waited_on": "text"},
+    ]
+    observe_turn(record)
+    after = {cause: count(cause) - before[cause] for cause in before}
+    assert after == {"synthesis": 2, "text": 1, "loop": 0}
