@@ -26,6 +26,10 @@ class ConversationSettings(BaseModel):
     # A later sentence waits behind other calls' first chunks for the synthesis line until the
     # audio before it has this long left to play; then it goes ahead of the ones that came after.
     urgent_before_s: float = Field(default=1.0, ge=0.0)
+    # Said when the line runs dry inside a reply because its next sentence is still being
+    # synthesized (a loaded voice): a hesitation instead of a silence the caller takes for the
+    # reply's end and talks into (pipeline/speaking.py). Empty: silence.
+    gap_filler: str = "Um,"
     # Start the reply at the caller's pause (LLM request, first chunk synthesised), and speak
     # it the moment the turn ends there (pipeline/speculation.py). Off: reply at the endpoint.
     speculate: bool = True

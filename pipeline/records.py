@@ -36,6 +36,7 @@ class TurnClock:
         self.stt_earlier_s = 0.0  # the transcript's `earlier_s`: kept from earlier pauses
         self.early_skipped = False  # no early transcription at the turn's last pause (busy)
         self.gaps: list[dict[str, object]] = []  # the reply's gaps (pipeline/speaking.py)
+        self.fillers = 0  # hesitations said where the line ran dry (pipeline/speaking.py)
         self._marks: dict[str, float] = {}
 
     def mark(self, stage: str, at: float | None = None) -> None:
@@ -121,6 +122,9 @@ class TurnRecord:
     # length and what its next sentence waited on ("text", "synthesis", "loop";
     # pipeline/speaking.py). Under load, "synthesis" ones are the voice's line falling behind.
     reply_gaps: list[dict[str, object]] = field(default_factory=list)
+    # Hesitations ("Um,", the settings' gap_filler) said where the line ran dry while the next
+    # sentence waited for its audio; not in the reply's text.
+    reply_fillers: int = 0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

@@ -105,6 +105,7 @@ def answered_record(
         stt_earlier_s=round(clock.stt_earlier_s, 2),
         stt_early_skipped=clock.early_skipped,
         reply_gaps=list(clock.gaps),
+        reply_fillers=clock.fillers,
     )
 
 
@@ -132,6 +133,7 @@ def unanswered_record(
         stt_earlier_s=round(clock.stt_earlier_s, 2),
         stt_early_skipped=clock.early_skipped,
         reply_gaps=list(clock.gaps),
+        reply_fillers=clock.fillers,
     )
 
 

@@ -9,13 +9,21 @@ turn's record with what the late sentence waited on: `text` (its words came afte
 dry: the LLM, or a tool), `synthesis` (its words were there, its audio was not: the voice's line
 under load), or `loop` (its audio was ready before the line ran dry and was queued after it).
 Only the server sees this on a live call; `hotline bench` measures the same at the caller.
+
+When the line runs dry while the next sentence's words wait for their audio (`synthesis`), the
+voice says `gap_filler` ("Um,"), synthesized once per voice ahead of need and cut to its audible
+part, at once: under load a sentence can come a second late, and a caller who hears a second of
+silence takes it for the reply's end and talks into it. One filler a gap; none in the record's
+text (the caller heard a hesitation, not words); the record counts them (`reply_fillers`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+import weakref
 
 import numpy as np
 import soxr
@@ -26,10 +34,28 @@ from pipeline.replies import Spoken
 from pipeline.scheduling import Urgency, urgent_in
 from pipeline.services import SpeechSynthesizer
 from pipeline.speculation import Gate
-from pipeline.transport import SAMPLE_RATE, PlaybackCleared, Transport
-from pipeline.tts import trim_leading_silence
+from pipeline.transport import PCM, SAMPLE_RATE, PlaybackCleared, Transport
+from pipeline.tts import AUDIBLE, trim_leading_silence
+
+log = logging.getLogger(__name__)
 
 GAP_MS = 100.0  # a reply silent this long between two of its sentences has a gap (as the bench)
+FILLER_TAIL_MS = 40  # of silence kept after the filler's last audible sample
+# Each voice's fillers (text -> 16 kHz audio, or None while it is being made): made once per
+# process, by the first call that speaks with the voice.
+_FILLERS: weakref.WeakKeyDictionary[SpeechSynthesizer, dict[str, PCM | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def filler_audio(audio: PCM, rate: int) -> PCM:
+    """A filler's audio at the pipeline's rate, cut to its audible part (and `FILLER_TAIL_MS`
+    after it): piper ends "Um," with a comma's pause, which would hold the sentence after it."""
+    audio = trim_leading_silence(audio, rate)
+    loud = np.flatnonzero(np.abs(audio.astype(np.int32)) >= AUDIBLE)
+    if loud.size:
+        audio = audio[: int(loud[-1]) + rate * FILLER_TAIL_MS // 1000]
+    return np.asarray(soxr.resample(audio, rate, SAMPLE_RATE, "HQ"), np.int16)
 
 
 class Speaker:
@@ -44,6 +70,9 @@ class Speaker:
         self._last_end = -1
         self._last_played_at: float | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._clock: TurnClock | None = None  # the reply being spoken
+        self._next_asked = False  # a later sentence of it has its words, not yet its audio
+        self._making: set[asyncio.Task[None]] = set()  # fillers being synthesized
 
     async def speak(
         self, sentence: str, spoken: list[Spoken], clock: TurnClock, gate: Gate | None = None
@@ -53,16 +82,12 @@ class Speaker:
         a sentence waits until the one `sentences_ahead` places before it has played
         (PlaybackCleared if the reply is cleared meanwhile)."""
         asked_at = time.monotonic()
-        ahead = self.settings.sentences_ahead
-        if len(spoken) >= ahead:
-            await self.transport.wait_played(spoken[-ahead].end)
-        clock.mark("first_sentence")
-        urgency = self._urgency(spoken)
+        self._clock, self._next_asked = clock, bool(spoken)
+        self._filler()  # made ahead of need
         try:
-            audio = await self.tts.synthesize(sentence, urgency)
+            audio = await self._synthesize(sentence, spoken, clock)
         finally:
-            urgency.settle()
-        clock.mark("tts_first_chunk")
+            self._next_asked = False
         synthesized_at = time.monotonic()
         if not spoken:
             audio = trim_leading_silence(audio, self.tts.sample_rate)
@@ -88,6 +113,19 @@ class Speaker:
             watchers.append(asyncio.create_task(self._watch_first_audio(start, clock)))
         return watchers
 
+    async def _synthesize(self, sentence: str, spoken: list[Spoken], clock: TurnClock) -> PCM:
+        ahead = self.settings.sentences_ahead
+        if len(spoken) >= ahead:
+            await self.transport.wait_played(spoken[-ahead].end)
+        clock.mark("first_sentence")
+        urgency = self._urgency(spoken)
+        try:
+            audio = await self.tts.synthesize(sentence, urgency)
+        finally:
+            urgency.settle()
+        clock.mark("tts_first_chunk")
+        return audio
+
     @staticmethod
     def _gap(
         clock: TurnClock, gap_s: float, asked_at: float, synthesized_at: float, ran_out_at: float
@@ -104,11 +142,44 @@ class Speaker:
             waited_on = "loop"
         clock.gap(gap_s * 1e3, waited_on)
 
-    async def _watch_run_out(self, end: int) -> None:
+    async def _watch_run_out(self, end: int, fill: bool = True) -> None:
+        """Note when the latest sentence (or filler) at `end` has played; if the line is dry
+        then while the next sentence waits for its audio, say the filler (one a gap)."""
         with contextlib.suppress(PlaybackCleared):
             played_at = await self.transport.wait_played(end)
-            if self._last_end == end:
-                self._last_played_at = played_at
+            if self._last_end != end:
+                return
+            self._last_played_at = played_at
+            filler = self._filler() if fill and self._next_asked else None
+            if filler is None or self.transport.queued_samples != end or self._clock is None:
+                return
+            filled = self.transport.play(filler)
+            self._clock.fillers += 1
+            self._last_end, self._last_played_at = filled, None
+            self._watch = asyncio.create_task(self._watch_run_out(filled, fill=False))
+
+    def _filler(self) -> PCM | None:
+        """The voice's filler audio, if it has been made (its making begun if not)."""
+        text = self.settings.gap_filler
+        if not text:
+            return None
+        made = _FILLERS.setdefault(self.tts, {})
+        if text not in made:
+            made[text] = None
+            task = asyncio.create_task(self._make_filler(text))
+            self._making.add(task)
+            task.add_done_callback(self._making.discard)
+        return made[text]
+
+    async def _make_filler(self, text: str) -> None:
+        """Synthesize the filler; one that fails or says nothing leaves the voice without
+        (None, logged once): its gaps stay silent."""
+        try:
+            audio = filler_audio(await self.tts.synthesize(text), self.tts.sample_rate)
+        except Exception as error:
+            log.warning("gap filler %r not synthesized (%r): gaps stay silent", text, error)
+            return
+        _FILLERS[self.tts][text] = audio if audio.size else None
 
     def _urgency(self, spoken: list[Spoken]) -> Urgency:
         """A reply's first chunk is urgent (its caller is waiting); a later sentence becomes

@@ -217,6 +217,17 @@ def test_the_controllers_plan_of_each_turn_is_counted() -> None:
     assert "the controller's plans: low on fast 2, medium on fast 1" in console.export_text()
 
 
+def test_the_replies_that_hesitated_into_a_dry_line_are_counted() -> None:
+    result = caller_result((10.0, 10.8), (20.0, 20.6), (30.0, 30.7))
+    records = [{"started_at": 0.0, "reply_fillers": n} for n in (2, 0, 1)]
+    paired = match_records(result, records, clock_offset_s=1000.0)
+    assert [t.fillers for t in paired] == [2, 0, 1]
+    health = Health(1, 1, 1)
+    report = summarize("u", "twilio", 3, [CallSample("a", 30.0, 3, paired)], health, health, 1)
+    assert report.filler_turns == 2
+    assert BenchReport.from_json(report.to_json()) == report
+
+
 def test_records_pair_by_time_when_the_server_heard_other_turns() -> None:
     # the server split the first utterance in two; wall clock = monotonic + 1000
     result = caller_result((10.0, 10.8), (20.0, None))

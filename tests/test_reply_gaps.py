@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from prometheus_client import REGISTRY
 
 from pipeline.conversation import Conversation
+from pipeline.conversation_settings import ConversationSettings
 from pipeline.records import TurnRecord
 from pipeline.scheduling import Urgency
 from pipeline.speaking import GAP_MS
@@ -28,10 +29,16 @@ from tests.support.conversation import (
 from voice.server.metrics import observe_turn
 
 REPLY = "One two three. Four five six. Seven eight nine."
-LATE_S = 0.3  # how long the late sentence's synthesis goes on after the line ran dry
+LATE_S = 0.6  # how long the late sentence's synthesis goes on after the line ran dry
+SILENT = ConversationSettings(gap_filler="")  # a dry line stays silent
 
 
-async def call(llm: ScriptedLLM, tts: ToneTTS, turns: int = 1) -> list[TurnRecord]:
+async def call(
+    llm: ScriptedLLM,
+    tts: LateVoice,
+    turns: int = 1,
+    settings: ConversationSettings | None = None,
+) -> list[TurnRecord]:
     """`turns` caller turns, each heard out to the end of its reply; the records."""
     line = PhoneLine()
     answered = asyncio.Queue[TurnRecord]()
@@ -41,8 +48,10 @@ async def call(llm: ScriptedLLM, tts: ToneTTS, turns: int = 1) -> list[TurnRecor
         stt=ScriptedSTT([f"question {n}" for n in range(turns)]),
         llm=llm,
         tts=tts,
+        settings=settings,
         on_turn=answered.put_nowait,
     )
+    tts.conversation = conversation
 
     async def caller(line: PhoneLine) -> AsyncIterator[InboundEvent]:
         for _ in range(turns):
@@ -64,8 +73,11 @@ class LateVoice(ToneTTS):
     def __init__(self, late: str | None = None) -> None:
         self.late = late
         self.line: PhoneLine | None = None
+        self.conversation: Conversation | None = None
+        self.said: list[str] = []
 
     async def synthesize(self, text: str, urgent: bool | Urgency = False) -> PCM:
+        self.said.append(text)
         if self.late is not None and text.startswith(self.late) and self.line is not None:
             await self.line.reached(self.line.queued_samples)
             await asyncio.sleep(LATE_S)  # the synthesis itself, slow under load
@@ -73,13 +85,42 @@ class LateVoice(ToneTTS):
 
 
 async def test_a_sentence_synthesized_after_the_line_ran_dry_is_a_synthesis_gap() -> None:
-    [record] = await call(ScriptedLLM([REPLY]), LateVoice(late="Seven"))
+    [record] = await call(ScriptedLLM([REPLY]), LateVoice(late="Seven"), settings=SILENT)
     assert record.reply_text == REPLY and not record.interrupted
     [gap] = record.reply_gaps
     # Its words had come long before; its audio came LATE_S after the line had gone quiet.
     assert gap["waited_on"] == "synthesis"
     assert isinstance(gap["ms"], float) and gap["ms"] >= LATE_S * 1e3 - 1, gap
     assert record.to_dict()["reply_gaps"] == [gap]  # as the calls API serves it
+    assert record.reply_fillers == 0
+
+
+async def test_the_voice_hesitates_where_a_sentence_is_late_for_its_audio() -> None:
+    voice = LateVoice(late="Seven")
+    [record] = await call(ScriptedLLM([REPLY]), voice)
+    assert voice.said[1] == "Um,"  # made at the reply's first sentence, ahead of need
+    assert record.reply_fillers == 1
+    # The caller heard "Um," (a quarter second of this voice) where the line ran dry, and the
+    # silence after it; the text and the history hold only the reply.
+    assert record.reply_text == REPLY and not record.interrupted
+    assert voice.conversation is not None
+    assert [m.content for m in voice.conversation.history] == ["question 0", REPLY]
+    [gap] = record.reply_gaps
+    assert gap["waited_on"] == "synthesis"
+    assert isinstance(gap["ms"], float) and gap["ms"] >= (LATE_S - 0.25) * 1e3 - 1, gap
+
+
+async def test_a_voice_that_cannot_say_the_filler_leaves_the_gap_silent() -> None:
+    class NoFiller(LateVoice):
+        async def synthesize(self, text: str, urgent: bool | Urgency = False) -> PCM:
+            if text == "Um,":
+                raise RuntimeError("the voice failed")
+            return await super().synthesize(text, urgent)
+
+    [record] = await call(ScriptedLLM([REPLY]), NoFiller(late="Seven"))
+    assert record.reply_text == REPLY and not record.interrupted
+    assert record.reply_fillers == 0
+    assert [gap["waited_on"] for gap in record.reply_gaps] == ["synthesis"]
 
 
 async def test_words_that_came_after_the_line_ran_dry_are_a_text_gap() -> None:
@@ -90,6 +131,7 @@ async def test_words_that_came_after_the_line_ran_dry_are_a_text_gap() -> None:
     assert record.reply_text == reply
     assert record.reply_gaps, "the line went quiet for about 1.5 s between the sentences"
     assert {gap["waited_on"] for gap in record.reply_gaps} == {"text"}, record.reply_gaps
+    assert record.reply_fillers == 0  # no words to come were known: nothing to hold the line for
 
 
 async def test_sentences_in_time_leave_no_gap_nor_does_the_pause_between_two_replies() -> None:
@@ -98,6 +140,7 @@ async def test_sentences_in_time_leave_no_gap_nor_does_the_pause_between_two_rep
     records = await call(ScriptedLLM([REPLY, REPLY]), LateVoice(), turns=2)
     assert [r.reply_text for r in records] == [REPLY, REPLY]
     assert [r.reply_gaps for r in records] == [[], []]
+    assert [r.reply_fillers for r in records] == [0, 0]
 
 
 def test_the_gaps_are_counted_by_what_they_waited_on() -> None:

@@ -38,6 +38,7 @@ class TurnSample:
     # The server's record: the effort and tier the latency budget controller chose ("low on
     # fast"); None: no record, or no decision in it.
     plan: str | None = None
+    fillers: int | None = None  # the server's record: hesitations said where the line ran dry
 
 
 @dataclass
@@ -84,12 +85,8 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def stats(values: Sequence[float]) -> Stats:
-    return Stats(
-        len(values),
-        percentile(values, 50),
-        percentile(values, 95),
-        round(max(values), 1) if values else None,
-    )
+    top = round(max(values), 1) if values else None
+    return Stats(len(values), percentile(values, 50), percentile(values, 95), top)
 
 
 @dataclass
@@ -136,6 +133,7 @@ class BenchReport:
     gap_turns: int = 0  # of those, with a gap (a dry spell over 100 ms)
     longest_gap_ms: float | None = None
     over_caller_turns: int = 0  # of those, with reply audio over the caller's next words
+    filler_turns: int = 0  # turns whose reply said its gap filler ("Um,") into a dry line
     # Turns whose reply the caller's next words cut short (the server's records): a --barge-in
     # run's own, or, under overload, callers who took a gap for the reply's end and spoke.
     cut_turns: int = 0
@@ -201,7 +199,8 @@ class BenchReport:
             cost += (
                 f"\nplayback: {self.gap_turns} of {self.playback_turns} turns with a gap over "
                 f"100 ms (longest {_number(self.longest_gap_ms)} ms); reply audio over the "
-                f"caller in {self.over_caller_turns}"
+                f"caller in {self.over_caller_turns}; a hesitation into a dry line in "
+                f"{self.filler_turns}"
             )
         if self.cut_turns:
             heard = sum(len(call.turns) for call in self.samples)
@@ -299,6 +298,7 @@ def _replies(turns: list[TurnSample]) -> dict[str, Any]:
         "gap_turns": sum(bool(t.gaps) for t in measured),
         "longest_gap_ms": max(longest) if longest else None,
         "over_caller_turns": sum(bool(t.over_caller_ms) for t in measured),
+        "filler_turns": sum(bool(t.fillers) for t in turns),
         "cut_turns": sum(bool(t.cut) for t in turns),
     }
 
@@ -330,7 +330,8 @@ def match_records(
         reply = (record or {}).get("reply_text")
         words = len(str(reply).split()) if reply is not None else None
         cut = bool(record["interrupted"]) if record and "interrupted" in record else None
-        samples.append(TurnSample(v2v, timings, words, cut, plan=_plan(record)))
+        fillers = record.get("reply_fillers") if record else None  # None: an older server
+        samples.append(TurnSample(v2v, timings, words, cut, plan=_plan(record), fillers=fillers))
     return samples
 
 
