@@ -35,7 +35,7 @@ from pipeline.scheduling import Urgency, urgent_in
 from pipeline.services import SpeechSynthesizer
 from pipeline.speculation import Gate
 from pipeline.transport import PCM, SAMPLE_RATE, PlaybackCleared, Transport
-from pipeline.tts import AUDIBLE, trim_leading_silence
+from pipeline.tts import AUDIBLE, TextToSpeech, trim_leading_silence
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,14 @@ def filler_audio(audio: PCM, rate: int) -> PCM:
     if loud.size:
         audio = audio[: int(loud[-1]) + rate * FILLER_TAIL_MS // 1000]
     return np.asarray(soxr.resample(audio, rate, SAMPLE_RATE, "HQ"), np.int16)
+
+
+def make_filler(tts: TextToSpeech, text: str) -> None:
+    """Make the voice's filler now, in the calling thread (the server does at startup, so that
+    no call's reply waits behind its synthesis)."""
+    if text:
+        audio = filler_audio(tts.synthesize_blocking(text), tts.sample_rate)
+        _FILLERS.setdefault(tts, {})[text] = audio if audio.size else None
 
 
 class Speaker:

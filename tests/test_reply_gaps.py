@@ -10,14 +10,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import numpy as np
 from prometheus_client import REGISTRY
 
 from pipeline.conversation import Conversation
 from pipeline.conversation_settings import ConversationSettings
 from pipeline.records import TurnRecord
 from pipeline.scheduling import Urgency
-from pipeline.speaking import GAP_MS
-from pipeline.transport import PCM, HangUp, InboundEvent
+from pipeline.speaking import GAP_MS, Speaker, make_filler
+from pipeline.transport import PCM, SAMPLE_RATE, HangUp, InboundEvent
+from pipeline.tts import AUDIBLE, TextToSpeech
 from tests.support.conversation import (
     PhoneLine,
     ScriptedLLM,
@@ -158,3 +160,18 @@ def test_the_gaps_are_counted_by_what_they_waited_on() -> None:
     observe_turn(record)
     after = {cause: count(cause) - before[cause] for cause in before}
     assert after == {"synthesis": 2, "text": 1, "loop": 0}
+
+
+def test_the_bundled_voices_filler_is_made_ahead_cut_to_its_audible_part() -> None:
+    """What the server does at startup: "Um," from the bundled voice, without the comma's
+    pause piper ends it with, ready before any call needs it."""
+    voice = TextToSpeech.shared()
+    make_filler(voice, "Um,")
+    speaker = Speaker(PhoneLine(), voice, ConversationSettings())
+    filler = speaker._filler()  # made: no synthesis is started for it
+    assert filler is not None and not speaker._making
+    spoken = voice.synthesize_blocking("Um,")
+    assert 0.1 * SAMPLE_RATE < filler.size < 0.9 * len(spoken) / voice.sample_rate * SAMPLE_RATE
+    audible = np.flatnonzero(np.abs(filler.astype(np.int32)) >= AUDIBLE)
+    assert audible[0] < 0.02 * SAMPLE_RATE  # it starts at once
+    assert filler.size - audible[-1] < 0.06 * SAMPLE_RATE  # and ends with its sound

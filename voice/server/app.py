@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 
 from pipeline.llm.controller import Controller
 from pipeline.llm.routing import TierRouter
+from pipeline.speaking import make_filler
 from pipeline.stt import SpeechToText
 from pipeline.tts import TextToSpeech
 from pipeline.turn_taking import model as smart_turn
@@ -257,6 +258,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         )
         if settings.warm_up:
             await _warm_up([stt, phone_stt, *agents.voices(), *([turns] if turns else [])])
+            filler = settings.conversation.gap_filler  # said into a loaded voice's gaps
+            await asyncio.gather(
+                *(asyncio.to_thread(make_filler, voice, filler) for voice in agents.voices())
+            )
         router = await _llm_router(settings, stack)
         sessions, worker = await _call_registry(settings, stack)
         outbox = _webhook_outbox(settings, sessions, tool_client, worker.worker_id, stack)
