@@ -109,11 +109,14 @@ def agent_directory(settings: Settings) -> AgentDirectory:
     return load_agents(Path(settings.agents.dir), settings.agents.default)
 
 
-async def _warm_up(models: list[Any]) -> None:
-    """Run each model once (each one once, however many settings share it), so the first
-    caller does not pay for first-use setup."""
+async def _warm_up(models: list[Any], gap_filler: str) -> None:
+    """Run each model once (each one once, however many settings share it), and make each
+    voice's `gap_filler` (said into a loaded voice's gaps), so the first caller does not pay
+    for first-use setup."""
     distinct = {id(model): model for model in models}.values()
     await asyncio.gather(*(asyncio.to_thread(model.warm_up) for model in distinct))
+    voices = [model for model in distinct if isinstance(model, TextToSpeech)]
+    await asyncio.gather(*(asyncio.to_thread(make_filler, v, gap_filler) for v in voices))
     await asyncio.to_thread(release_free_memory)  # what loading and warming up freed
     reset_peak_rss()  # /healthz's peak: the calls', not the loading's
 
@@ -257,11 +260,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             signing_secret=signing.get_secret_value().encode() if signing is not None else None,
         )
         if settings.warm_up:
-            await _warm_up([stt, phone_stt, *agents.voices(), *([turns] if turns else [])])
-            filler = settings.conversation.gap_filler  # said into a loaded voice's gaps
-            await asyncio.gather(
-                *(asyncio.to_thread(make_filler, voice, filler) for voice in agents.voices())
-            )
+            models = [stt, phone_stt, *agents.voices(), *([turns] if turns else [])]
+            await _warm_up(models, settings.conversation.gap_filler)
         router = await _llm_router(settings, stack)
         sessions, worker = await _call_registry(settings, stack)
         outbox = _webhook_outbox(settings, sessions, tool_client, worker.worker_id, stack)
