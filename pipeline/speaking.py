@@ -11,9 +11,10 @@ under load), or `loop` (its audio was ready before the line ran dry and was queu
 Only the server sees this on a live call; `hotline bench` measures the same at the caller.
 
 When the line runs dry while the next sentence's words wait for their audio (`synthesis`), the
-voice says `gap_filler` ("Um,"), synthesized once per voice ahead of need and cut to its audible
-part, at once: under load a sentence can come a second late, and a caller who hears a second of
-silence takes it for the reply's end and talks into it. One filler a gap; none in the record's
+voice says `gap_filler` ("Um,"), synthesized once per voice (by the server at startup; else at
+the voice's first gap, which stays silent) and cut to its audible part, at once: under load a
+sentence can come a second late, and a caller who hears a second of silence takes it for the
+reply's end and talks into it. One filler a gap; none in the record's
 text (the caller heard a hesitation, not words); the record counts them (`reply_fillers`).
 """
 
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 GAP_MS = 100.0  # a reply silent this long between two of its sentences has a gap (as the bench)
 FILLER_TAIL_MS = 40  # of silence kept after the filler's last audible sample
 # Each voice's fillers (text -> 16 kHz audio, or None while it is being made): made once per
-# process, by the first call that speaks with the voice.
+# process, at startup (`make_filler`) or at the voice's first gap.
 _FILLERS: weakref.WeakKeyDictionary[SpeechSynthesizer, dict[str, PCM | None]] = (
     weakref.WeakKeyDictionary()
 )
@@ -91,7 +92,6 @@ class Speaker:
         (PlaybackCleared if the reply is cleared meanwhile)."""
         asked_at = time.monotonic()
         self._clock, self._next_asked = clock, bool(spoken)
-        self._filler()  # made ahead of need
         try:
             audio = await self._synthesize(sentence, spoken, clock)
         finally:

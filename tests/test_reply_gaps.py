@@ -99,14 +99,15 @@ async def test_a_sentence_synthesized_after_the_line_ran_dry_is_a_synthesis_gap(
 
 async def test_the_voice_hesitates_where_a_sentence_is_late_for_its_audio() -> None:
     voice = LateVoice(late="Seven")
-    [record] = await call(ScriptedLLM([REPLY]), voice)
-    assert voice.said[1] == "Um,"  # made at the reply's first sentence, ahead of need
+    first, record = await call(ScriptedLLM([REPLY, REPLY]), voice, turns=2)
+    # Not made ahead (the server makes it at startup): the voice's first gap makes it.
+    assert first.reply_fillers == 0 and voice.said.count("Um,") == 1
     assert record.reply_fillers == 1
     # The caller heard "Um," (a quarter second of this voice) where the line ran dry, and the
     # silence after it; the text and the history hold only the reply.
     assert record.reply_text == REPLY and not record.interrupted
     assert voice.conversation is not None
-    assert [m.content for m in voice.conversation.history] == ["question 0", REPLY]
+    assert [m.content for m in voice.conversation.history][2:] == ["question 1", REPLY]
     [gap] = record.reply_gaps
     assert gap["waited_on"] == "synthesis"
     assert isinstance(gap["ms"], float) and gap["ms"] >= (LATE_S - 0.25) * 1e3 - 1, gap
@@ -119,10 +120,10 @@ async def test_a_voice_that_cannot_say_the_filler_leaves_the_gap_silent() -> Non
                 raise RuntimeError("the voice failed")
             return await super().synthesize(text, urgent)
 
-    [record] = await call(ScriptedLLM([REPLY]), NoFiller(late="Seven"))
-    assert record.reply_text == REPLY and not record.interrupted
-    assert record.reply_fillers == 0
-    assert [gap["waited_on"] for gap in record.reply_gaps] == ["synthesis"]
+    records = await call(ScriptedLLM([REPLY, REPLY]), NoFiller(late="Seven"), turns=2)
+    assert [(r.reply_text, r.interrupted) for r in records] == [(REPLY, False)] * 2
+    assert [r.reply_fillers for r in records] == [0, 0]
+    assert [[gap["waited_on"] for gap in r.reply_gaps] for r in records] == [["synthesis"]] * 2
 
 
 async def test_words_that_came_after_the_line_ran_dry_are_a_text_gap() -> None:
